@@ -1,0 +1,68 @@
+"""Small helpers shared by the rule modules (placements over broadcasting, dims, bytes)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.distributed.tensor._dtensor_spec import TensorMeta
+from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from torch.distributed.tensor.placement_types import Placement, Replicate
+
+PlacementOrHole = Placement | _ShardingPlaceholder
+
+
+def normalize_dim(dim: int, ndim: int) -> int:
+    """Python-style negative dims; a 0-d tensor accepts dim 0 and -1."""
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"dim {dim} out of range for a {ndim}-d tensor")
+    return dim % n
+
+
+def broadcast_shape(*shapes: Sequence[int]) -> tuple[int, ...]:
+    return tuple(torch.broadcast_shapes(*[torch.Size(s) for s in shapes]))
+
+
+def shard_through_broadcast(out_shape: Sequence[int], in_shapes: Sequence[Sequence[int]]) -> list[list[PlacementOrHole]]:
+    """Per output dim d: ``[S(d), S(aligned dim) or R for each input]``.
+
+    An input whose aligned dim is missing or of size 1 (broadcast) is replicated:
+    every rank needs all of it to produce its slice of the output.
+    """
+    out: list[list[PlacementOrHole]] = []
+    nd = len(out_shape)
+    for d in range(nd):
+        row: list[PlacementOrHole] = [_ShardingPlaceholder(d)]
+        for shape in in_shapes:
+            k = d - (nd - len(shape))
+            row.append(_ShardingPlaceholder(k) if k >= 0 and shape[k] != 1 else Replicate())
+        out.append(row)
+    return out
+
+
+def metas(args: Any) -> list[TensorMeta]:
+    from torch.utils._pytree import tree_leaves
+
+    # TensorMeta is a NamedTuple: stop pytree from flattening it into its fields
+    return [m for m in tree_leaves(args, is_leaf=lambda x: isinstance(x, TensorMeta)) if isinstance(m, TensorMeta)]
+
+
+def numel(t: Any) -> int:
+    shape = t.shape if hasattr(t, "shape") else t
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def nbytes(t: torch.Tensor) -> int:
+    """Bytes of the distinct memory a tensor's elements occupy (stride-0 dims count once)."""
+    n = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            n *= int(size)
+        elif size == 0:
+            n = 0
+    return n * t.element_size()

@@ -1,0 +1,59 @@
+"""``aten._softmax_backward_data``: grad_input = y * (g - sum(g * y, dim, keepdim=True)).
+
+Strategies, per mesh dim ([grad_input, grad_output g, output y] (+ grad_input= for .out)):
+
+================================  ===========================  =========================================
+grad_input                        g, y                         why it is valid
+================================  ===========================  =========================================
+S(d), d != softmax dim            S(d), S(d)                   rows along ``dim`` stay whole on each rank
+P(sum)                            P(sum), R                    linear in g: sum_i y*(g_i - <g_i, y>) = result
+P(avg)                            P(avg), R                    idem for the mean
+R                                 R, R                         implied
+================================  ===========================  =========================================
+
+Upstream torch 2.13 has no Partial strategy (and no rule for ``.out``). Not offered: the softmax
+dim sharded (the row sum needs the whole row), y Partial (the result is quadratic in y),
+P(max)/P(min) (not linear-monotone).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from torch.distributed.tensor.placement_types import Partial, Replicate
+
+from dtensor_rules.ops._common import PlacementOrHole, metas, nbytes, normalize_dim, numel
+from dtensor_rules.registry import register
+
+aten = torch.ops.aten
+SOFTMAX_BACKWARD = [aten._softmax_backward_data.default, aten._softmax_backward_data.out]
+
+
+def softmax_backward_flops(grad_output: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: Any, **_: Any) -> int:
+    """g*y, the row sum, the subtraction and the final product: 4 flops per element."""
+    return 4 * numel(grad_output)
+
+
+def softmax_backward_bytes(grad_output: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: Any, **_: Any) -> int:
+    out_dtype = input_dtype if isinstance(input_dtype, torch.dtype) else grad_output.dtype
+    return nbytes(grad_output) + nbytes(output) + numel(grad_output) * out_dtype.itemsize
+
+
+@register(SOFTMAX_BACKWARD, flops=softmax_backward_flops, bytes=softmax_backward_bytes)
+def softmax_backward_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
+    """Shard any non-softmax dim; Partial(sum/avg) grad passes through (linearity)."""
+    g = metas(args)[0]
+    ndim = len(g.shape)
+    dim = normalize_dim(args[2], ndim)
+    has_out = "grad_input" in kwargs
+
+    def row(out: PlacementOrHole, g_p: PlacementOrHole, y_p: PlacementOrHole) -> list[PlacementOrHole]:
+        return [out, g_p, y_p] + ([out] if has_out else [])
+
+    strategies = [row(*(3 * [_ShardingPlaceholder(d)])) for d in range(ndim) if d != dim]
+    for reduce_op in ("sum", "avg"):
+        P = Partial(reduce_op)
+        strategies.append(row(P, P, Replicate()))
+    return strategies

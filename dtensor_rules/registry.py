@@ -1,0 +1,444 @@
+"""The rule registry: our rules as values, and the switch that puts them into DTensor.
+
+A :class:`Rule` is data (op, strategy function, cost formulas, docstring, module).
+:func:`register` collects rules; :func:`install` patches DTensor's
+``ShardingPropagator`` with them and :func:`uninstall` puts every touched registry
+entry back exactly as it was (same keys, same function objects).
+
+Two kinds of strategy function are supported, mirroring upstream:
+
+``kind="single_dim"``
+    ``fn(op, args_meta, kwargs_meta) -> list[list[Placement | _ShardingPlaceholder]]``,
+    each inner list ``[*output_placements, *input_placements]`` for ONE mesh dim;
+    upstream's infrastructure expands it to the full mesh and fills tensor_meta and
+    redistribute costs. The all-Replicate strategy is implied.
+``kind="op_strategy"``
+    ``fn(op_schema) -> OpStrategy | TupleStrategy`` for rules that need the mesh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch._ops import OpOverload
+from torch.distributed.tensor._op_schema import (
+    OpSchema,
+    OpStrategy,
+    RuntimeSchemaInfo,
+    TupleStrategy,
+)
+from torch.distributed.tensor._ops.single_dim_strategy import (
+    _ShardingPlaceholder,
+    _SingleDimStrategyInfo,
+)
+from torch.distributed.tensor.placement_types import Placement
+
+__all__ = [
+    "Rule",
+    "RuleError",
+    "register",
+    "install",
+    "uninstall",
+    "installed",
+    "rules",
+    "status",
+    "get_rule",
+]
+
+Kind = Literal["single_dim", "op_strategy"]
+Policy = Literal["override", "fill"]
+_KINDS = ("single_dim", "op_strategy")
+_POLICIES = ("override", "fill")
+
+
+class RuleError(ValueError):
+    """A rule, its registration or its output is malformed."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One op's sharding rule and its cost formulas."""
+
+    op: OpOverload
+    strategy: Callable[..., Any]
+    kind: Kind = "single_dim"
+    flops: Callable[..., int] | None = None
+    bytes: Callable[..., int] | None = None
+    schema_info: RuntimeSchemaInfo | None = None
+    doc: str = ""
+    module: str = ""
+    allow_uneven_sharding: bool = True
+    _installed_fn: Any = field(default=None, compare=False, repr=False)
+
+
+_lock = threading.RLock()
+_rules: dict[OpOverload, Rule] = {}
+# op -> {registry attribute name -> (was_present, old_value)}; only ops we touched.
+_saved: dict[OpOverload, dict[str, tuple[bool, Any]]] = {}
+
+_STRATEGY_REGISTRIES = ("op_strategy_funcs", "op_single_dim_strategy_funcs", "op_to_rules")
+_SCHEMA_REGISTRIES = ("op_to_schema_info", "op_to_schema_info_for_single_dim_strategy")
+_ALL_REGISTRIES = _STRATEGY_REGISTRIES + _SCHEMA_REGISTRIES
+
+
+def _propagator() -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return DTensor._op_dispatcher.sharding_propagator
+
+
+def _as_overload(op: Any) -> OpOverload:
+    """Accept an OpOverload or a ``torch.library.custom_op`` object; reject everything else."""
+    if isinstance(op, OpOverload):
+        return op
+    inner = getattr(op, "_opoverload", None)  # torch.library.CustomOpDef
+    if isinstance(inner, OpOverload):
+        return inner
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        raise RuleError(
+            f"{op} is an overload packet, not an op overload: register each overload, "
+            f"e.g. {op}.default ({', '.join(op.overloads())} exist)"
+        )
+    raise RuleError(
+        f"cannot register a rule for {op!r}: expected a torch OpOverload such as "
+        "torch.ops.aten.cumsum.default or a torch.library.custom_op"
+    )
+
+
+def default_schema_info(op: OpOverload) -> RuntimeSchemaInfo:
+    """Cache key info that hashes every non-tensor argument.
+
+    DTensor caches sharding decisions keyed on tensor specs plus the args named by
+    ``RuntimeSchemaInfo``. Upstream registers many rules without one, so a ``dim``
+    argument can be left out of the key; we always include every non-tensor arg.
+    """
+    args = op._schema.arguments
+    positional = [a for a in args if not a.kwarg_only]
+    static_argnum = len(positional)
+    for i, a in enumerate(positional):
+        if not _is_tensor_type(a.type):
+            static_argnum = i
+            break
+    kwargkeys = [a.name for a in args if a.kwarg_only and not _is_tensor_type(a.type)]
+    needs_pytree = any(isinstance(a.type, torch.ListType) for a in args if _is_tensor_type(a.type))
+    return RuntimeSchemaInfo(
+        static_argnum=static_argnum,
+        static_kwargkey=kwargkeys or None,
+        needs_pytree=needs_pytree,
+    )
+
+
+def _is_tensor_type(t: Any) -> bool:
+    if isinstance(t, torch.OptionalType):
+        t = t.getElementType()
+    if isinstance(t, torch.ListType):
+        t = t.getElementType()
+        if isinstance(t, torch.OptionalType):
+            t = t.getElementType()
+    return isinstance(t, torch.TensorType)
+
+
+def register(
+    op: Any,
+    *,
+    flops: Callable[..., int] | None = None,
+    bytes: Callable[..., int] | None = None,  # noqa: A002 - public name from the spec
+    kind: Kind = "single_dim",
+    schema_info: RuntimeSchemaInfo | None = None,
+    replace: bool = False,
+    allow_uneven_sharding: bool = True,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: register ``fn`` as the sharding rule of ``op`` (or of each op in a list).
+
+    Raises :class:`RuleError` if the op already has a rule here, unless ``replace=True``.
+    Registration does not touch DTensor; :func:`install` does.
+    """
+    ops = [_as_overload(o) for o in (op if isinstance(op, (list, tuple)) else [op])]
+    if kind not in _KINDS:
+        raise RuleError(f"unknown rule kind {kind!r}: use one of {_KINDS}")
+    for name, f in (("flops", flops), ("bytes", bytes)):
+        if f is not None and not callable(f):
+            raise RuleError(f"{name}= must be a callable cost formula, got {f!r}")
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if not callable(fn):
+            raise RuleError(f"a rule must be callable, got {fn!r}")
+        with _lock:
+            for o in ops:
+                if o in _rules and not replace:
+                    old = _rules[o]
+                    raise RuleError(
+                        f"{o} already has a rule ({old.module}.{getattr(old.strategy, '__name__', '?')}); "
+                        "pass replace=True to replace it"
+                    )
+            for o in ops:
+                was_active = o in _saved
+                if was_active:
+                    _uninstall_ops([o])
+                _rules[o] = Rule(
+                    op=o,
+                    strategy=fn,
+                    kind=kind,
+                    flops=flops,
+                    bytes=bytes,
+                    schema_info=schema_info or default_schema_info(o),
+                    doc=(fn.__doc__ or "").strip(),
+                    module=getattr(fn, "__module__", ""),
+                    allow_uneven_sharding=allow_uneven_sharding,
+                )
+                if was_active:
+                    _install_ops([o], "override")
+        return fn
+
+    return decorator
+
+
+def unregister(op: Any) -> None:
+    """Remove our rule for ``op`` (restoring upstream's if it is installed)."""
+    o = _as_overload(op)
+    with _lock:
+        if o in _saved:
+            _uninstall_ops([o])
+        _rules.pop(o, None)
+
+
+def rules() -> dict[OpOverload, Rule]:
+    """A snapshot mapping op -> Rule of everything registered here."""
+    _ensure_ops_loaded()
+    with _lock:
+        return dict(_rules)
+
+
+def get_rule(op: Any) -> Rule:
+    _ensure_ops_loaded()
+    o = _as_overload(op)
+    try:
+        return _rules[o]
+    except KeyError:
+        raise RuleError(f"dtensor_rules has no rule for {o}") from None
+
+
+def _ensure_ops_loaded() -> None:
+    import dtensor_rules.ops  # noqa: F401  (registers the shipped rules)
+
+
+# --------------------------------------------------------------------------- validation
+def _count_tensor_args(schema: OpSchema) -> int:
+    from torch.distributed.tensor._ops.single_dim_strategy import _get_num_tensor_inputs
+
+    return _get_num_tensor_inputs(schema)
+
+
+def _checked_single_dim(rule: Rule) -> Callable[..., Any]:
+    """Wrap a single-dim rule so malformed output raises a RuleError naming the rule."""
+    fn = rule.strategy
+    n_out = sum(1 for r in rule.op._schema.returns if "Tensor" in str(r.type))
+
+    def checked(op: OpOverload, args_meta: Any, kwargs_meta: Any) -> Any:
+        result = fn(op, args_meta, kwargs_meta)
+        if not isinstance(result, list):
+            raise RuleError(f"rule for {op} returned {type(result).__name__}, expected a list of strategies")
+        from dtensor_rules.ops._common import metas as tensor_metas
+
+        metas = tensor_metas((args_meta, kwargs_meta))
+        width = n_out + len(metas)
+        for s in result:
+            if not isinstance(s, (list, tuple)) or len(s) != width:
+                raise RuleError(
+                    f"rule for {op} returned strategy {s!r}: expected a list of {width} placements "
+                    f"({n_out} output(s) then {len(metas)} tensor input(s))"
+                )
+            for i, p in enumerate(s):
+                if p is None and i < n_out:
+                    continue
+                if not isinstance(p, (Placement, _ShardingPlaceholder)):
+                    raise RuleError(f"rule for {op} returned {p!r} in strategy {s!r}: not a Placement")
+                dim = getattr(p, "dim", None)
+                if dim is not None and i >= n_out:
+                    nd = len(metas[i - n_out].shape)
+                    if not 0 <= dim < max(nd, 1):
+                        raise RuleError(
+                            f"rule for {op} shards input {i - n_out} on dim {dim}, "
+                            f"but that input has {nd} dims"
+                        )
+        return result
+
+    checked.__wrapped__ = fn  # type: ignore[attr-defined]
+    return checked
+
+
+def _checked_op_strategy(rule: Rule) -> Callable[..., Any]:
+    fn = rule.strategy
+
+    def checked(op_schema: OpSchema) -> Any:
+        result = fn(op_schema)
+        if not isinstance(result, (OpStrategy, TupleStrategy)):
+            raise RuleError(
+                f"rule for {op_schema.op} returned {type(result).__name__}, expected OpStrategy or TupleStrategy"
+            )
+        children = result.children if isinstance(result, TupleStrategy) else [result]
+        n_in = len(op_schema.args_strategy) + len(op_schema.kwargs_strategy)
+        for child in children:
+            if not isinstance(child, OpStrategy) or not child.strategies:
+                raise RuleError(f"rule for {op_schema.op} returned an empty or malformed strategy {child}")
+            if isinstance(result, TupleStrategy):
+                continue
+            for spec in child.strategies:
+                if spec.input_specs is not None and len(spec.input_specs) != n_in:
+                    raise RuleError(
+                        f"rule for {op_schema.op}: strategy {spec} has {len(spec.input_specs)} input specs, "
+                        f"the op has {n_in} tensor inputs"
+                    )
+                if spec.redistribute_cost is None:
+                    raise RuleError(f"rule for {op_schema.op}: strategy {spec} has no redistribute_cost")
+        return result
+
+    checked.__wrapped__ = fn  # type: ignore[attr-defined]
+    return checked
+
+
+# --------------------------------------------------------------------------- install
+def _has_upstream(prop: Any, op: OpOverload) -> bool:
+    return any(op in getattr(prop, name) for name in _STRATEGY_REGISTRIES)
+
+
+def _install_ops(ops: Sequence[OpOverload], policy: Policy) -> list[OpOverload]:
+    prop = _propagator()
+    done: list[OpOverload] = []
+    try:
+        for op in ops:
+            rule = _rules[op]
+            if op in _saved:
+                done.append(op)
+                continue
+            if policy == "fill" and _has_upstream(prop, op):
+                continue
+            _saved[op] = {
+                name: (op in getattr(prop, name), getattr(prop, name).get(op))
+                for name in _ALL_REGISTRIES
+            }
+            for name in _ALL_REGISTRIES:
+                getattr(prop, name).pop(op, None)
+            if rule.kind == "single_dim":
+                prop.op_single_dim_strategy_funcs[op] = _SingleDimStrategyInfo(
+                    func=_checked_single_dim(rule),
+                    allow_uneven_sharding=rule.allow_uneven_sharding,
+                )
+                prop.op_to_schema_info_for_single_dim_strategy[op] = rule.schema_info
+            else:
+                prop.op_strategy_funcs[op] = _checked_op_strategy(rule)
+                prop.op_to_schema_info[op] = rule.schema_info
+            done.append(op)
+    except BaseException:
+        # never leave the propagator half patched
+        _uninstall_ops(done)
+        raise
+    finally:
+        _clear_caches()
+    return done
+
+
+def _uninstall_ops(ops: Sequence[OpOverload]) -> None:
+    prop = _propagator()
+    for op in ops:
+        saved = _saved.pop(op, None)
+        if saved is None:
+            continue
+        for name, (present, value) in saved.items():
+            registry = getattr(prop, name)
+            if present:
+                registry[op] = value
+            else:
+                registry.pop(op, None)
+    _clear_caches()
+
+
+def _clear_caches() -> None:
+    """Drop every cached sharding decision so neither side's decision is reused."""
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    prop = _propagator()
+    _clear_sharding_prop_cache()
+    prop._propagate_tensor_meta_cached.cache_clear()
+
+
+def install(policy: Policy = "override", ops: Sequence[Any] | None = None) -> list[OpOverload]:
+    """Put our rules into DTensor's dispatch; returns the ops whose active rule is ours.
+
+    ``policy="override"`` replaces upstream's rule; ``"fill"`` installs only where
+    upstream has none. Idempotent: installing again changes nothing.
+    """
+    if policy not in _POLICIES:
+        raise RuleError(f"unknown install policy {policy!r}: use 'override' or 'fill'")
+    _ensure_ops_loaded()
+    with _lock:
+        targets = list(_rules) if ops is None else [_as_overload(o) for o in ops]
+        missing = [o for o in targets if o not in _rules]
+        if missing:
+            raise RuleError(f"no dtensor_rules rule for {missing}; registered: {sorted(map(str, _rules))}")
+        return _install_ops(targets, policy)
+
+
+def uninstall(ops: Sequence[Any] | None = None) -> None:
+    """Restore DTensor's registries for every op we patched (or just ``ops``)."""
+    with _lock:
+        targets = list(_saved) if ops is None else [_as_overload(o) for o in ops]
+        _uninstall_ops(targets)
+
+
+def active_ops() -> list[OpOverload]:
+    with _lock:
+        return list(_saved)
+
+
+@contextlib.contextmanager
+def installed(policy: Policy = "override", ops: Sequence[Any] | None = None) -> Iterator[list[OpOverload]]:
+    """Context manager: our rules are active inside, the previous state is restored after."""
+    with _lock:
+        before = set(_saved)
+        now = install(policy, ops)
+    try:
+        yield now
+    finally:
+        with _lock:
+            _uninstall_ops([o for o in now if o not in before])
+
+
+def status() -> dict[OpOverload, dict[str, str]]:
+    """Per op with a rule here: who has a rule ("ours"/"upstream"/"both") and which is active."""
+    _ensure_ops_loaded()
+    prop = _propagator()
+    out: dict[OpOverload, dict[str, str]] = {}
+    with _lock:
+        for op in _rules:
+            upstream = (op in _saved and any(_saved[op][n][0] for n in _STRATEGY_REGISTRIES)) or (
+                op not in _saved and _has_upstream(prop, op)
+            )
+            out[op] = {
+                "has": "both" if upstream else "ours",
+                "active": "ours" if op in _saved else ("upstream" if upstream else "none"),
+            }
+    return out
+
+
+def upstream_strategy(op: OpOverload) -> tuple[str, Any] | None:
+    """Upstream's own rule for ``op`` (even while ours is installed), as (kind, fn)."""
+    prop = _propagator()
+    with _lock:
+        if op in _saved:
+            saved = _saved[op]
+            entries = {n: v for n, (present, v) in saved.items() if present}
+        else:
+            entries = {n: getattr(prop, n)[op] for n in _ALL_REGISTRIES if op in getattr(prop, n)}
+    if "op_single_dim_strategy_funcs" in entries:
+        return "single_dim", entries["op_single_dim_strategy_funcs"]
+    if "op_strategy_funcs" in entries:
+        return "op_strategy", entries["op_strategy_funcs"]
+    if "op_to_rules" in entries:
+        return "prop_rule", entries["op_to_rules"]
+    return None

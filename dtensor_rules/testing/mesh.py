@@ -1,0 +1,127 @@
+"""Meshes for tests: every rank simulated in one process, or real gloo processes.
+
+``simulated_mesh`` gives a real :class:`DeviceMesh` over a fake process group inside
+``LocalTensorMode``: DTensor ops run for all ranks in this process with real data,
+uneven shards included. ``run_gloo`` runs a function on a real multi-process gloo group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import socket
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed._local_tensor import LocalTensorMode
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+MAX_WORLD = 8
+
+__all__ = ["simulated_mesh", "fake_world", "run_gloo", "MAX_WORLD"]
+
+
+def _check_shape(shape: Sequence[int] | int) -> tuple[int, ...]:
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    if not 1 <= len(shape) <= 3 or any(not isinstance(s, int) or s < 1 for s in shape):
+        raise ValueError(f"mesh shape must be 1 to 3 positive ints, got {shape}")
+    if math.prod(shape) > MAX_WORLD:
+        raise ValueError(f"mesh {shape} has {math.prod(shape)} ranks; simulated meshes allow at most {MAX_WORLD}")
+    return shape
+
+
+@contextlib.contextmanager
+def fake_world(world_size: int) -> Iterator[None]:
+    """A default process group of the ``fake`` backend with ``world_size`` ranks.
+
+    Reuses an existing fake group of the same size; replaces a fake group of another
+    size for the duration; refuses to touch a real (gloo/nccl) group.
+    """
+    previous: int | None = None
+    if dist.is_initialized():
+        backend = dist.get_backend()
+        if backend != "fake":
+            raise RuntimeError(
+                f"a real '{backend}' process group is active; simulated meshes need the fake backend "
+                "(run them in a separate process or destroy the group first)"
+            )
+        if dist.get_world_size() == world_size:
+            yield
+            return
+        previous = dist.get_world_size()
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        if previous is not None:
+            dist.init_process_group("fake", rank=0, world_size=previous)
+
+
+@contextlib.contextmanager
+def simulated_mesh(shape: Sequence[int] | int, names: Sequence[str] | None = None) -> Iterator[DeviceMesh]:
+    """A ``DeviceMesh`` of ``shape`` (1-D to 3-D, at most 8 ranks) with every rank simulated.
+
+    Inside the block DTensor ops run for all ranks at once (``LocalTensorMode``);
+    ``dtensor.to_local()`` is a ``LocalTensor`` holding every rank's shard.
+    """
+    shape = _check_shape(shape)
+    if names is not None and len(names) != len(shape):
+        raise ValueError(f"{len(names)} mesh dim names given for a {len(shape)}-D mesh")
+    world = math.prod(shape)
+    with fake_world(world), LocalTensorMode(frozenset(range(world))):
+        yield init_device_mesh("cpu", shape, mesh_dim_names=tuple(names) if names else None)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gloo_worker(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple, queue: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        torch.manual_seed(0)
+        result = fn(rank, world, *args)
+        queue.put((rank, True, result))
+    except BaseException:  # report every failure to the parent, which raises it
+        queue.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_gloo(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` real gloo processes.
+
+    ``fn`` must be importable (module level). Returns the per-rank results in rank order;
+    raises with the failing rank's traceback if any rank fails.
+    """
+    if not 1 <= world_size <= MAX_WORLD:
+        raise ValueError(f"world_size must be in 1..{MAX_WORLD}, got {world_size}")
+    ctx = torch.multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_gloo_worker, args=(r, world_size, port, fn, args, queue)) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    try:
+        for _ in range(world_size):
+            rank, ok, value = queue.get(timeout=timeout)
+            if not ok:
+                raise RuntimeError(f"rank {rank} failed:\n{value}")
+            results[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return [results[r] for r in range(world_size)]

@@ -1,0 +1,240 @@
+"""Pure-torch simulation of sharded execution: no process group, no DTensor dispatch.
+
+Each rank's local inputs are cut from the full tensors exactly as DTensor would
+(``_compute_local_shape_and_global_offset``: chunk semantics, uneven and empty
+shards included); Partial inputs are split into per-rank contributions that
+reduce back to the full value but are individually far from it (asymmetric,
+sign-varying splits; alternating owners for max/min), so an op that is not
+really linear or selective fails. The op runs on each rank's plain tensors and
+the claimed output placements are checked by reducing Partial mesh dims and
+comparing each rank's shard with the ground truth.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
+from torch.utils import _pytree as pytree
+
+NDPlacement = tuple[Placement, ...]  # one placement per mesh dim
+
+# relative tolerance per dtype; absolute tolerance is this times the magnitude of the
+# values that were combined (Partial contributions are large by construction)
+_TOL = {
+    torch.float64: 1e-9,
+    torch.float32: 2e-5,
+    torch.float16: 4e-3,
+    torch.bfloat16: 3e-2,
+}
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    if not dtype.is_floating_point and not dtype.is_complex:
+        return 0.0
+    return _TOL.get(dtype, 0.15)  # fp8 and friends
+
+
+def coords(mesh_shape: Sequence[int]) -> list[tuple[int, ...]]:
+    """Rank -> mesh coordinate, row-major like DeviceMesh."""
+    return list(itertools.product(*(range(s) for s in mesh_shape)))
+
+
+def _checkerboard(shape: Sequence[int], shift: int) -> torch.Tensor:
+    if len(shape) == 0:
+        return torch.tensor(shift % 2 == 0)
+    grids = torch.meshgrid(*[torch.arange(s) for s in shape], indexing="ij")
+    return sum(grids, torch.tensor(shift)) % 2 == 0  # type: ignore[return-value]
+
+
+def _owner(shape: Sequence[int], n: int, shift: int) -> torch.Tensor:
+    """Which of n ranks holds the true value of each element (alternates on every axis)."""
+    if len(shape) == 0:
+        return torch.tensor(shift % n)
+    grids = torch.meshgrid(*[torch.arange(s) for s in shape], indexing="ij")
+    return (sum(grids, torch.tensor(shift))) % n
+
+
+def split_partial(x: torch.Tensor, reduce_op: str, n: int, idx: int, salt: int) -> torch.Tensor:
+    """Rank ``idx``'s contribution of ``x`` under ``Partial(reduce_op)`` over ``n`` ranks."""
+    if n == 1:
+        return x.clone()
+    if x.dtype == torch.bool:
+        raise ValueError("bool tensors cannot be Partial")
+    floating = x.dtype.is_floating_point
+    if reduce_op in ("sum", "avg"):
+        if reduce_op == "avg":
+            if not floating:
+                raise ValueError("Partial(avg) needs a floating dtype")
+            x = x * n
+        sign = torch.where(_checkerboard(x.shape, salt), 1, -1).to(x.dtype if floating else torch.int64)
+        if floating:
+            work = x.double()
+            off = (work.abs() + 1.0) * sign.double()
+            ratio = 0.6 + 0.1 * (salt % 3)
+            part = work * ratio + off if idx == 0 else work * ((1 - ratio) / (n - 1)) - off / (n - 1)
+            return part.to(x.dtype)
+        off = (x.abs() + 1) * sign
+        return ((x - (n - 1) * off) if idx == 0 else off).to(x.dtype)
+    if reduce_op in ("max", "min"):
+        if x.numel() == 0:
+            return x.clone()
+        span = (x.max() - x.min()).double().item() if floating else int(x.max() - x.min())
+        big = span * 2 + 1
+        holds = _owner(x.shape, n, salt) == idx
+        shifted = x - big if reduce_op == "max" else x + big
+        return torch.where(holds, x, shifted.to(x.dtype))
+    raise ValueError(f"unknown Partial reduce op {reduce_op!r}")
+
+
+def local_input(
+    full: torch.Tensor, placements: NDPlacement, mesh_shape: Sequence[int], coord: Sequence[int], salt: int
+) -> torch.Tensor:
+    """The tensor rank ``coord`` holds for ``full`` laid out as ``placements``."""
+    value = full
+    for mesh_dim, p in enumerate(placements):
+        if isinstance(p, Partial):
+            value = split_partial(value, p.reduce_op, mesh_shape[mesh_dim], coord[mesh_dim], salt + 7 * mesh_dim)
+    return _slice(value, placements, mesh_shape, coord).contiguous()
+
+
+def _slice(t: torch.Tensor, placements: NDPlacement, mesh_shape: Sequence[int], coord: Sequence[int]) -> torch.Tensor:
+    shard_placements = [p if isinstance(p, Shard) else Replicate() for p in placements]
+    if not any(isinstance(p, Shard) for p in shard_placements):
+        return t
+    shape, offset = _compute_local_shape_and_global_offset(t.shape, tuple(mesh_shape), list(coord), shard_placements)
+    out = t
+    for d, (size, off) in enumerate(zip(shape, offset)):
+        if size != t.shape[d]:
+            out = out.narrow(d, min(off, t.shape[d]), size)
+    return out
+
+
+def _reduce(tensors: list[torch.Tensor], op: str) -> torch.Tensor:
+    stacked = torch.stack(tensors)
+    if op == "sum":
+        return stacked.sum(0).to(tensors[0].dtype)
+    if op == "avg":
+        return stacked.double().mean(0).to(tensors[0].dtype) if stacked.is_floating_point() else stacked.sum(0) // len(tensors)
+    if op == "max":
+        return stacked.amax(0)
+    if op == "min":
+        return stacked.amin(0)
+    raise ValueError(op)
+
+
+def check_output(
+    locals_: list[torch.Tensor],
+    truth: torch.Tensor,
+    placements: NDPlacement,
+    mesh_shape: Sequence[int],
+    tol_scale: float = 1.0,
+) -> str | None:
+    """None if the per-rank ``locals_`` form ``truth`` laid out as ``placements``, else why not."""
+    cs = coords(mesh_shape)
+    if any(not isinstance(t, torch.Tensor) for t in locals_):
+        return "a rank produced a non-tensor output"
+    if any(isinstance(p, Partial) for p in placements) and truth.dtype == torch.bool:
+        return "bool output cannot be Partial"
+    values = list(locals_)
+    scale = max((float(t.abs().max()) for t in values if t.numel() and t.is_floating_point()), default=0.0)
+    for mesh_dim, p in enumerate(placements):
+        if not isinstance(p, Partial):
+            continue
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for r, c in enumerate(cs):
+            groups.setdefault(c[:mesh_dim] + c[mesh_dim + 1 :], []).append(r)
+        for ranks in groups.values():
+            members = [values[r] for r in ranks]
+            if any(m.shape != members[0].shape or m.dtype != members[0].dtype for m in members):
+                return f"Partial({p.reduce_op}) on mesh dim {mesh_dim}: ranks hold different shapes"
+            if p.reduce_op == "avg" and not truth.is_floating_point():
+                return "Partial(avg) of a non-floating output"
+            reduced = _reduce(members, p.reduce_op)
+            for r in ranks:
+                values[r] = reduced
+    tol = tolerance(truth.dtype) * tol_scale
+    for r, c in enumerate(cs):
+        expected = _slice(truth, placements, mesh_shape, c)
+        got = values[r]
+        if got.shape != expected.shape:
+            return f"rank {r}: shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+        if got.dtype != expected.dtype:
+            return f"rank {r}: dtype {got.dtype}, expected {expected.dtype}"
+        if tol == 0.0:
+            if not torch.equal(got, expected):
+                return f"rank {r}: values differ"
+        elif got.numel():
+            g, e = got.double(), expected.double()
+            both_nan = torch.isnan(g) & torch.isnan(e)
+            diff = torch.where(both_nan, 0.0, (g - e).abs())
+            bound = tol * (e.abs() + max(1.0, scale))
+            if bool((diff > bound).any()) or bool((torch.isnan(diff)).any()):
+                return f"rank {r}: max abs diff {float(torch.nan_to_num(diff, nan=math.inf).max()):.3g}"
+    return None
+
+
+@dataclass
+class Sample:
+    """One call of an op: ``op(*args, **kwargs)`` with real tensors (lists allowed)."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [x for x in pytree.tree_leaves((self.args, self.kwargs)) if isinstance(x, torch.Tensor)]
+
+    def replace_tensors(self, new: Sequence[torch.Tensor]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        it = iter(new)
+        return pytree.tree_map(lambda x: next(it) if isinstance(x, torch.Tensor) else x, (self.args, self.kwargs))
+
+    def variant(self, k: int) -> Sample:
+        """Variant 0 is the sample; variant 1 negates every floating input (so lucky matches fail)."""
+        if k == 0:
+            return self
+        new = [(-t if t.is_floating_point() else t) for t in self.tensors()]
+        args, kwargs = self.replace_tensors(new)
+        return Sample(args, kwargs)
+
+
+def as_outputs(result: Any) -> list[torch.Tensor] | None:
+    if isinstance(result, torch.Tensor):
+        return [result]
+    if isinstance(result, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in result):
+        return list(result)
+    return None
+
+
+def run_ranks(
+    op: Callable[..., Any],
+    sample: Sample,
+    input_placements: Sequence[NDPlacement],
+    mesh_shape: Sequence[int],
+    salt: int,
+) -> list[list[torch.Tensor]] | str:
+    """Run ``op`` on every rank's local inputs; per-rank outputs, or the error text."""
+    tensors = sample.tensors()
+    per_rank: list[list[torch.Tensor]] = []
+    for c in coords(mesh_shape):
+        try:
+            local = [
+                local_input(t, pl, mesh_shape, c, salt + 3 * i)
+                for i, (t, pl) in enumerate(zip(tensors, input_placements))
+            ]
+        except ValueError as e:
+            return f"cannot lay out inputs: {e}"
+        args, kwargs = sample.replace_tensors(local)
+        try:
+            outs = as_outputs(op(*args, **kwargs))
+        except Exception as e:  # the local op rejecting its shard means the layout is invalid
+            return f"local op failed: {type(e).__name__}: {e}"
+        if outs is None:
+            return "op returned no tensors"
+        per_rank.append(outs)
+    return per_rank

@@ -1,0 +1,364 @@
+"""Ground-truth validation of sharding rules, ours and upstream's side by side.
+
+``check_rule(op, args)`` runs the op on one device for the truth, then for every
+combination of input placements (1-D mesh: exhaustive; N-D mesh: every strategy
+either rule emits plus products of per-mesh-dim valid combos) simulates each rank's
+shards (uneven chunks, asymmetric Partial splits, a negated second variant), runs
+the op locally and checks every claimed output placement. A combo counts as valid
+only if it reproduces the truth on every variant.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch._ops import OpOverload
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
+
+from dtensor_rules import registry
+from dtensor_rules.testing.mesh import fake_world
+from dtensor_rules.testing.query import PARTIAL_OPS, Combo, candidate_placements, emitted_combos
+from dtensor_rules.testing.simulate import NDPlacement, Sample, as_outputs, check_output, run_ranks
+
+__all__ = ["check_rule", "check_samples", "RuleReport", "SideReport", "format_combo"]
+
+
+@dataclass
+class SideReport:
+    """How one side's rule fares against ground truth."""
+
+    has_rule: bool
+    correct: int = 0
+    incorrect: int = 0
+    missing: int = 0
+    incorrect_combos: list[str] = field(default_factory=list)
+    missing_combos: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    def merge(self, other: SideReport) -> None:
+        self.has_rule = self.has_rule or other.has_rule
+        self.correct += other.correct
+        self.incorrect += other.incorrect
+        self.missing += other.missing
+        self.incorrect_combos += other.incorrect_combos
+        self.missing_combos += other.missing_combos
+        self.error = self.error or other.error
+
+    def counts(self) -> dict[str, int]:
+        return {"correct": self.correct, "incorrect": self.incorrect, "missing": self.missing}
+
+
+@dataclass
+class RuleReport:
+    op: str
+    mesh_shape: tuple[int, ...]
+    samples: int
+    valid: int
+    ours: SideReport
+    upstream: SideReport
+    sampled: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "mesh": list(self.mesh_shape),
+            "samples": self.samples,
+            "ground_truth_valid": self.valid,
+            "ours": self.ours.counts(),
+            "upstream": self.upstream.counts(),
+        }
+
+    def summary(self) -> str:
+        def side(name: str, s: SideReport) -> str:
+            if not s.has_rule:
+                return f"  {name:9s} no rule          missing {s.missing}"
+            extra = f"  error: {s.error}" if s.error else ""
+            return f"  {name:9s} correct {s.correct:4d}  incorrect {s.incorrect:3d}  missing {s.missing:4d}{extra}"
+
+        mesh = "x".join(map(str, self.mesh_shape))
+        lines = [f"{self.op} on mesh {mesh}: {self.valid} valid combos over {self.samples} sample(s)"]
+        lines += [side("ours", self.ours), side("upstream", self.upstream)]
+        for label, combos in (("ours INCORRECT", self.ours.incorrect_combos), ("upstream INCORRECT", self.upstream.incorrect_combos)):
+            for c in combos[:5]:
+                lines.append(f"    {label}: {c}")
+        return "\n".join(lines)
+
+
+def _pstr(p: Placement) -> str:
+    if isinstance(p, Replicate):
+        return "R"
+    if isinstance(p, Shard):
+        return f"S({p.dim})"
+    if isinstance(p, Partial):
+        return f"P({p.reduce_op})"
+    return str(p)
+
+
+def format_combo(combo: Combo) -> str:
+    ins, outs = combo
+    f = lambda pls: ", ".join("".join(_pstr(p) for p in pl) for pl in pls)  # noqa: E731
+    return f"({f(ins)}) -> ({f(outs)})"
+
+
+class _Progress:
+    """A dependency-free progress bar on stderr for long validations."""
+
+    def __init__(self, total: int, label: str, enabled: bool) -> None:
+        self.total, self.label, self.enabled, self.n = max(total, 1), label, enabled and total > 200, 0
+
+    def step(self) -> None:
+        self.n += 1
+        if self.enabled and (self.n % 50 == 0 or self.n == self.total):
+            filled = int(30 * self.n / self.total)
+            sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] {self.n}/{self.total}")
+            if self.n >= self.total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+class _Oracle:
+    """Caches per-rank runs per input layout, and answers 'is this combo valid?'."""
+
+    def __init__(self, op: OpOverload, sample: Sample, mesh_shape: tuple[int, ...], tol_scale: float) -> None:
+        self.op, self.mesh_shape, self.tol_scale = op, mesh_shape, tol_scale
+        self.variants: list[tuple[Sample, list[torch.Tensor]]] = []
+        for k in (0, 1):
+            v = sample.variant(k)
+            try:
+                truth = as_outputs(op(*v.args, **v.kwargs))
+            except Exception:
+                if k == 0:
+                    raise
+                continue
+            if truth is None:
+                raise ValueError(f"{op} returned no tensors for this sample")
+            self.variants.append((v, truth))
+        self.n_out = len(self.variants[0][1])
+        self._runs: dict[tuple[NDPlacement, ...], list[Any]] = {}
+
+    def runs(self, inputs: tuple[NDPlacement, ...]) -> list[Any]:
+        if inputs not in self._runs:
+            self._runs[inputs] = [
+                run_ranks(self.op, v, inputs, self.mesh_shape, salt=1 + k) for k, (v, _) in enumerate(self.variants)
+            ]
+        return self._runs[inputs]
+
+    def output_ok(self, inputs: tuple[NDPlacement, ...], out_idx: int, placement: NDPlacement) -> bool:
+        for (_, truth), per_rank in zip(self.variants, self.runs(inputs)):
+            if isinstance(per_rank, str) or len(per_rank[0]) != self.n_out:
+                return False
+            locals_ = [outs[out_idx] for outs in per_rank]
+            if check_output(locals_, truth[out_idx], placement, self.mesh_shape, self.tol_scale) is not None:
+                return False
+        return True
+
+    def valid(self, combo: Combo) -> bool:
+        ins, outs = combo
+        return all(self.output_ok(ins, i, pl) for i, pl in enumerate(outs))
+
+    def valid_outputs(self, inputs: tuple[NDPlacement, ...], candidates: list[list[NDPlacement]]) -> list[list[NDPlacement]]:
+        return [[pl for pl in cands if self.output_ok(inputs, i, pl)] for i, cands in enumerate(candidates)]
+
+
+def _shardable(t: torch.Tensor, pl: NDPlacement, mesh_shape: Sequence[int]) -> bool:
+    shards = [1] * t.ndim
+    for size, p in zip(mesh_shape, pl):
+        if isinstance(p, Shard):
+            shards[p.dim] *= size
+    return all(t.shape[d] >= shards[d] for d in range(t.ndim))
+
+
+def _normalize(combo: Combo, in_shapes: Sequence[torch.Size], out_shapes: Sequence[torch.Size]) -> Combo:
+    """Shard on a size-1 dim behaves like Replicate; count them once."""
+
+    def norm(pl: NDPlacement, shape: torch.Size) -> NDPlacement:
+        return tuple(Replicate() if isinstance(p, Shard) and shape[p.dim] == 1 else p for p in pl)
+
+    ins, outs = combo
+    return (
+        tuple(norm(p, s) for p, s in zip(ins, in_shapes)),
+        tuple(norm(p, s) for p, s in zip(outs, out_shapes)),
+    )
+
+
+def _representable(combo: Combo) -> bool:
+    """DTensor cannot hold a tensor Partial with different reduce ops on different mesh dims (sum+avg aside)."""
+    for pl in combo[0] + combo[1]:
+        ops = {p.reduce_op for p in pl if isinstance(p, Partial)}
+        if len(ops) > 1 and ops != {"sum", "avg"}:
+            return False
+    return True
+
+
+def _trivial(combo: Combo) -> bool:
+    return all(isinstance(p, Replicate) for pl in combo[0] for p in pl)
+
+
+def _ground_truth_1d(oracle: _Oracle, tensors: list[torch.Tensor], size: int, partial_ops: Sequence[str], progress: bool) -> set[Combo]:
+    in_cands = [[(p,) for p in candidate_placements(t, partial_ops)] for t in tensors]
+    out_cands = [[(p,) for p in candidate_placements(t, partial_ops)] for t in oracle.variants[0][1]]
+    layouts = [c for c in itertools.product(*in_cands) if not all(isinstance(pl[0], Replicate) for pl in c)]
+    layouts = [c for c in layouts if all(_shardable(t, pl, (size,)) for t, pl in zip(tensors, c))]
+    bar = _Progress(len(layouts), f"{oracle.op} ground truth", progress)
+    valid: set[Combo] = set()
+    for ins in layouts:
+        ok = oracle.valid_outputs(ins, out_cands)
+        for outs in itertools.product(*ok):
+            valid.add((ins, outs))
+        bar.step()
+    return valid
+
+
+def _side(
+    kind_fn: tuple[str, Any] | None,
+    op: OpOverload,
+    sample: Sample,
+    mesh: Any,
+) -> tuple[set[Combo] | None, str | None]:
+    if kind_fn is None:
+        return None, None
+    kind, fn = kind_fn
+    if kind == "prop_rule":
+        return set(), "rule is an output-sharding rule; it offers no strategy list to validate"
+    try:
+        return emitted_combos(kind, fn, op, sample, mesh), None
+    except Exception as e:  # a rule that crashes on a legal input is reported, not hidden
+        return set(), f"{type(e).__name__}: {e}"
+
+
+def check_rule(
+    op: OpOverload,
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None = None,
+    mesh_shape: Sequence[int] | int = (2,),
+    *,
+    partial_ops: Sequence[str] = PARTIAL_OPS,
+    tol_scale: float = 1.0,
+    max_nd_combos: int = 3000,
+    progress: bool = False,
+    seed: int = 0,
+) -> RuleReport:
+    """Validate our rule and upstream's for ``op(*args, **kwargs)`` on a mesh.
+
+    Returns counts of correct (emitted and valid), incorrect (emitted, wrong result)
+    and missing (valid by ground truth, not emitted) combos for each side.
+    """
+    mesh_shape = (mesh_shape,) if isinstance(mesh_shape, int) else tuple(mesh_shape)
+    sample = Sample(tuple(args), dict(kwargs or {}))
+    tensors = sample.tensors()
+    if not tensors:
+        raise ValueError(f"{op}: the sample has no tensor arguments to shard")
+    oracle = _Oracle(op, sample, mesh_shape, tol_scale)
+    in_shapes = [t.shape for t in tensors]
+    out_shapes = [t.shape for t in oracle.variants[0][1]]
+
+    ours_rule = registry.rules().get(op)
+    ours_kind_fn = (ours_rule.kind, _ours_info(ours_rule)) if ours_rule else None
+    upstream_kind_fn = registry.upstream_strategy(op)
+
+    with fake_world(math.prod(mesh_shape)):
+        mesh = init_device_mesh("cpu", mesh_shape)
+        emitted = {name: _side(kf, op, sample, mesh) for name, kf in (("ours", ours_kind_fn), ("upstream", upstream_kind_fn))}
+
+    sampled = False
+    if len(mesh_shape) == 1:
+        truth = _ground_truth_1d(oracle, tensors, mesh_shape[0], partial_ops, progress)
+    else:
+        per_dim: list[list[Combo]] = []
+        for size in mesh_shape:
+            sub = _Oracle(op, sample, (size,), tol_scale)
+            per_dim.append(sorted(_ground_truth_1d(sub, tensors, size, partial_ops, False), key=format_combo))
+        products = itertools.product(*per_dim)
+        n_products = math.prod(len(d) + 0 for d in per_dim)
+        candidates: list[Combo] = [
+            c for c in map(_stack, itertools.islice(products, max_nd_combos * 4)) if _representable(c)
+        ]
+        if n_products > max_nd_combos:
+            sampled = True
+            candidates = random.Random(seed).sample(candidates, min(max_nd_combos, len(candidates)))
+        for combos, _ in emitted.values():
+            candidates.extend(combos or ())
+        bar = _Progress(len(candidates), f"{op} on {mesh_shape}", progress)
+        truth = set()
+        for c in candidates:
+            if not _trivial(c) and all(_shardable(t, pl, mesh_shape) for t, pl in zip(tensors, c[0])) and oracle.valid(c):
+                truth.add(c)
+            bar.step()
+
+    norm = lambda c: _normalize(c, in_shapes, out_shapes)  # noqa: E731
+    truth_n = {norm(c) for c in truth if not _trivial(norm(c))}
+    reports = {}
+    for name, (combos, error) in emitted.items():
+        if combos is None:
+            reports[name] = SideReport(has_rule=False, missing=len(truth_n))
+            continue
+        good, bad = set(), set()
+        for c in combos:
+            n = norm(c)
+            if _trivial(n):
+                continue
+            (good if (c in truth or oracle.valid(c)) else bad).add(n)
+        good -= bad
+        reports[name] = SideReport(
+            has_rule=True,
+            correct=len(good),
+            incorrect=len(bad),
+            missing=len(truth_n - good - bad),
+            incorrect_combos=sorted(map(format_combo, bad)),
+            missing_combos=sorted(map(format_combo, truth_n - good - bad)),
+            error=error,
+        )
+    return RuleReport(str(op), mesh_shape, 1, len(truth_n), reports["ours"], reports["upstream"], sampled)
+
+
+def _stack(parts: Sequence[Combo]) -> Combo:
+    """Per-mesh-dim 1-D combos -> one N-D combo."""
+    n_in, n_out = len(parts[0][0]), len(parts[0][1])
+    ins = tuple(tuple(part[0][i][0] for part in parts) for i in range(n_in))
+    outs = tuple(tuple(part[1][i][0] for part in parts) for i in range(n_out))
+    return ins, outs
+
+
+def _ours_info(rule: registry.Rule) -> Any:
+    if rule.kind == "single_dim":
+        from torch.distributed.tensor._ops.single_dim_strategy import _SingleDimStrategyInfo
+
+        return _SingleDimStrategyInfo(
+            func=registry._checked_single_dim(rule), allow_uneven_sharding=rule.allow_uneven_sharding
+        )
+    return registry._checked_op_strategy(rule)
+
+
+def check_samples(
+    op: OpOverload,
+    samples: Iterable[tuple[Sequence[Any], dict[str, Any]]],
+    mesh_shape: Sequence[int] | int = (2,),
+    **options: Any,
+) -> RuleReport:
+    """``check_rule`` over several samples, counts summed."""
+    total: RuleReport | None = None
+    for args, kwargs in samples:
+        r = check_rule(op, args, kwargs, mesh_shape, **options)
+        if total is None:
+            total = r
+            continue
+        total.samples += 1
+        total.valid += r.valid
+        total.sampled = total.sampled or r.sampled
+        total.ours.merge(r.ours)
+        total.upstream.merge(r.upstream)
+    if total is None:
+        raise ValueError(f"no samples given for {op}")
+    return total
+
+
+def report_dict(report: RuleReport) -> dict[str, Any]:
+    return asdict(report)

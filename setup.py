@@ -1,0 +1,23 @@
+"""dtensor_rules: complete, proven DTensor sharding rules, costs and an ordered redistribute planner."""
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+
+setup(
+    name="dtensor_rules",
+    version="0.1.0",
+    description="Proven DTensor sharding rules, cost formulas and an ordered-mesh "
+    "redistribute planner for Mixture-of-Experts models",
+    long_description=(HERE / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["dtensor_rules", "dtensor_rules.*"]),
+    python_requires=">=3.10",
+    install_requires=["torch>=2.13", "numpy"],
+    extras_require={
+        "test": ["pytest", "pytest-xdist", "hypothesis", "expecttest"],
+        "triton": ["triton"],
+    },
+    entry_points={"console_scripts": ["dtensor-rules=dtensor_rules.__main__:main"]},
+)
