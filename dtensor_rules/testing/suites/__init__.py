@@ -1,0 +1,55 @@
+"""Fixed sample suites per op: the inputs `validate` and `benchmarks/rule_coverage.py` use.
+
+Each suite module registers ``@suite(op, ...)`` functions returning a list of
+``(args, kwargs)``; tensors are built from a fixed seed so every run sees the same data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch._ops import OpOverload
+
+Samples = list[tuple[tuple[Any, ...], dict[str, Any]]]
+_SUITES: dict[OpOverload, Callable[[], Samples]] = {}
+
+
+def suite(*ops: OpOverload) -> Callable[[Callable[[], Samples]], Callable[[], Samples]]:
+    def deco(fn: Callable[[], Samples]) -> Callable[[], Samples]:
+        for op in ops:
+            if op in _SUITES:
+                raise ValueError(f"{op} already has a sample suite ({_SUITES[op].__module__})")
+            _SUITES[op] = fn
+        return fn
+
+    return deco
+
+
+def _load() -> None:
+    from dtensor_rules.testing.suites import pointwise  # noqa: F401
+
+
+def suites() -> dict[OpOverload, Callable[[], Samples]]:
+    _load()
+    return dict(_SUITES)
+
+
+def samples_for(op: OpOverload) -> Samples:
+    _load()
+    if op not in _SUITES:
+        raise KeyError(f"no sample suite for {op}; ops with suites: {sorted(map(str, _SUITES))}")
+    return _SUITES[op]()
+
+
+def find_op(name: str) -> OpOverload:
+    """Resolve 'cumsum', 'aten.cumsum', 'aten.cumsum.default' or 'prims.fma' to an op with a suite."""
+    _load()
+    name = name.replace("::", ".")
+    matches = [op for op in _SUITES if name in (str(op), op.name().replace("::", "."), str(op).rsplit(".", 1)[0], op._opname)]
+    matches = [op for op in matches if str(op).endswith(".default")] or matches
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise KeyError(f"unknown op {name!r}; known: {', '.join(sorted(map(str, _SUITES)))}")
+    raise KeyError(f"{name!r} is ambiguous: {', '.join(sorted(map(str, matches)))}")
