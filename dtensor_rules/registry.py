@@ -322,6 +322,7 @@ def _install_ops(ops: Sequence[OpOverload], policy: Policy) -> list[OpOverload]:
                 name: (op in getattr(prop, name), getattr(prop, name).get(op))
                 for name in _ALL_REGISTRIES
             }
+            done.append(op)  # before mutating, so a failure below is rolled back too
             for name in _ALL_REGISTRIES:
                 getattr(prop, name).pop(op, None)
             if rule.kind == "single_dim":
@@ -333,7 +334,6 @@ def _install_ops(ops: Sequence[OpOverload], policy: Policy) -> list[OpOverload]:
             else:
                 prop.op_strategy_funcs[op] = _checked_op_strategy(rule)
                 prop.op_to_schema_info[op] = rule.schema_info
-            done.append(op)
     except BaseException:
         # never leave the propagator half patched
         _uninstall_ops(done)
@@ -380,7 +380,7 @@ def install(policy: Policy = "override", ops: Sequence[Any] | None = None) -> li
         targets = list(_rules) if ops is None else [_as_overload(o) for o in ops]
         missing = [o for o in targets if o not in _rules]
         if missing:
-            raise RuleError(f"no dtensor_rules rule for {missing}; registered: {sorted(map(str, _rules))}")
+            raise RuleError(f"no dtensor_rules rule for {[str(o) for o in missing]}; registered: {sorted(map(str, _rules))}")
         return _install_ops(targets, policy)
 
 

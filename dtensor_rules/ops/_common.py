@@ -29,7 +29,9 @@ def shard_through_broadcast(out_shape: Sequence[int], in_shapes: Sequence[Sequen
     """Per output dim d: ``[S(d), S(aligned dim) or R for each input]``.
 
     An input whose aligned dim is missing or of size 1 (broadcast) is replicated:
-    every rank needs all of it to produce its slice of the output.
+    every rank needs all of it to produce its slice of the output. An output dim that
+    every input broadcasts (size 1) is not offered: each rank would compute the whole
+    dim while the output claims to be split.
     """
     out: list[list[PlacementOrHole]] = []
     nd = len(out_shape)
@@ -38,7 +40,8 @@ def shard_through_broadcast(out_shape: Sequence[int], in_shapes: Sequence[Sequen
         for shape in in_shapes:
             k = d - (nd - len(shape))
             row.append(_ShardingPlaceholder(k) if k >= 0 and shape[k] != 1 else Replicate())
-        out.append(row)
+        if any(isinstance(p, _ShardingPlaceholder) for p in row[1:]):
+            out.append(row)
     return out
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -195,11 +196,25 @@ class Sample:
         return pytree.tree_map(lambda x: next(it) if isinstance(x, torch.Tensor) else x, (self.args, self.kwargs))
 
     def variant(self, k: int) -> Sample:
-        """Variant 0 is the sample; variant 1 negates every floating input (so lucky matches fail)."""
+        """Variant 0 is the sample; 1 negates every floating input; 2 rescales and shifts each element.
+
+        A combo must reproduce the truth on every variant, so a layout that only works for
+        the particular values drawn (equal operands, one-element tensors) does not pass.
+        """
         if k == 0:
             return self
-        new = [(-t if t.is_floating_point() else t) for t in self.tensors()]
-        args, kwargs = self.replace_tensors(new)
+        g = torch.Generator().manual_seed(1234 + k)
+
+        def change(t: torch.Tensor) -> torch.Tensor:
+            if not t.is_floating_point():
+                return t
+            if k == 1:
+                return -t
+            scale = torch.rand(t.shape, generator=g) * 1.5 + 0.5
+            shift = torch.randn(t.shape, generator=g)
+            return (t.double() * scale + shift).to(t.dtype)
+
+        args, kwargs = self.replace_tensors([change(t) for t in self.tensors()])
         return Sample(args, kwargs)
 
 
@@ -209,6 +224,11 @@ def as_outputs(result: Any) -> list[torch.Tensor] | None:
     if isinstance(result, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in result):
         return list(result)
     return None
+
+
+def tensor_salt(salt: int, index: int) -> int:
+    """Decorrelated per-tensor salt: which rank owns each element differs between tensors and variants."""
+    return random.Random(salt * 1_000_003 + index).randrange(1 << 16)
 
 
 def run_ranks(
@@ -224,7 +244,7 @@ def run_ranks(
     for c in coords(mesh_shape):
         try:
             local = [
-                local_input(t, pl, mesh_shape, c, salt + 3 * i)
+                local_input(t, pl, mesh_shape, c, tensor_salt(salt, i))
                 for i, (t, pl) in enumerate(zip(tensors, input_placements))
             ]
         except ValueError as e:

@@ -130,7 +130,7 @@ class _Oracle:
     def __init__(self, op: OpOverload, sample: Sample, mesh_shape: tuple[int, ...], tol_scale: float) -> None:
         self.op, self.mesh_shape, self.tol_scale = op, mesh_shape, tol_scale
         self.variants: list[tuple[Sample, list[torch.Tensor]]] = []
-        for k in (0, 1):
+        for k in (0, 1, 2):
             v = sample.variant(k)
             try:
                 truth = as_outputs(op(*v.args, **v.kwargs))

@@ -1,0 +1,258 @@
+"""The registry: install/uninstall restore DTensor exactly, duplicates and bad input are rejected."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
+
+import dtensor_rules
+from dtensor_rules import registry
+from dtensor_rules.registry import RuleError
+
+FMA = torch.ops.prims.fma.default
+SBD = torch.ops.aten._softmax_backward_data.default
+SBD_OUT = torch.ops.aten._softmax_backward_data.out
+
+REGISTRIES = registry._ALL_REGISTRIES
+
+
+def snapshot() -> dict[str, dict]:
+    prop = DTensor._op_dispatcher.sharding_propagator
+    return {name: dict(getattr(prop, name)) for name in REGISTRIES}
+
+
+def assert_same(a: dict[str, dict], b: dict[str, dict]) -> None:
+    for name in REGISTRIES:
+        assert a[name].keys() == b[name].keys(), name
+        for k in a[name]:
+            assert a[name][k] is b[name][k], (name, k)
+
+
+@pytest.fixture
+def restore_install():
+    """Leave the process as import left it: our rules installed."""
+    yield
+    dtensor_rules.uninstall()
+    dtensor_rules.install()
+
+
+def test_import_installs_our_rules():
+    prop = DTensor._op_dispatcher.sharding_propagator
+    assert set(registry.active_ops()) >= {FMA, SBD, SBD_OUT}
+    assert prop.op_single_dim_strategy_funcs[FMA].func.__wrapped__ is registry.get_rule(FMA).strategy
+    assert SBD not in prop.op_strategy_funcs  # upstream's rule is out of the way
+
+
+def test_uninstall_restores_registries_exactly(restore_install):
+    dtensor_rules.uninstall()
+    pristine = snapshot()
+    dtensor_rules.install()
+    assert snapshot() != pristine
+    dtensor_rules.uninstall()
+    assert_same(snapshot(), pristine)
+
+
+def test_install_is_idempotent(restore_install):
+    first = snapshot()
+    assert set(dtensor_rules.install()) == set(registry.active_ops())
+    assert_same(snapshot(), first)
+
+
+def test_round_trip_install_uninstall_install(restore_install):
+    dtensor_rules.uninstall()
+    pristine = snapshot()
+    for _ in range(2):
+        dtensor_rules.install()
+        installed = snapshot()
+        dtensor_rules.uninstall()
+        assert_same(snapshot(), pristine)
+    dtensor_rules.install()
+    assert snapshot().keys() == installed.keys()
+    for name in REGISTRIES:
+        assert snapshot()[name].keys() == installed[name].keys()
+
+
+def test_fill_policy_keeps_upstream_rules(restore_install):
+    dtensor_rules.uninstall()
+    prop = DTensor._op_dispatcher.sharding_propagator
+    upstream_sbd = prop.op_strategy_funcs[SBD]
+    active = dtensor_rules.install(policy="fill")
+    assert SBD_OUT in active  # upstream has no rule for .out
+    assert SBD not in active and FMA not in active
+    assert prop.op_strategy_funcs[SBD] is upstream_sbd
+    assert dtensor_rules.status()[SBD] == {"has": "both", "active": "upstream"}
+    assert dtensor_rules.status()[SBD_OUT] == {"has": "ours", "active": "ours"}
+
+
+def test_installed_context_manager_restores_previous_state(restore_install):
+    dtensor_rules.uninstall()
+    before = snapshot()
+    with dtensor_rules.installed() as ops:
+        assert FMA in ops
+        assert dtensor_rules.status()[FMA]["active"] == "ours"
+    assert_same(snapshot(), before)
+
+
+def _collectives_for_partial_softmax_backward() -> int:
+    """Run softmax backward with a Partial(sum) gradient; count the collectives dispatch issued."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from dtensor_rules.testing import simulated_mesh
+    from dtensor_rules.testing.dispatch import to_dtensor
+
+    g, y = torch.randn(4, 6), torch.randn(4, 6).softmax(-1)
+    with simulated_mesh(2) as mesh:
+        gd = to_dtensor(g, mesh, [Partial("sum")])
+        yd = to_dtensor(y, mesh, [Replicate()])
+        with CommDebugMode() as comm:
+            SBD(gd, yd, -1, torch.float32)
+    return comm.get_total_counts()
+
+
+def test_switching_rules_never_reuses_a_cached_decision(restore_install):
+    # upstream has no Partial strategy: it all-reduces the gradient first
+    dtensor_rules.uninstall()
+    assert _collectives_for_partial_softmax_backward() == 1
+    # ours keeps Partial(sum) (linearity): no collective; a stale cached decision would still all-reduce
+    dtensor_rules.install()
+    assert _collectives_for_partial_softmax_backward() == 0
+    dtensor_rules.uninstall()
+    assert _collectives_for_partial_softmax_backward() == 1
+
+
+def test_failed_install_leaves_nothing_half_patched(restore_install, monkeypatch):
+    dtensor_rules.uninstall()
+    before = snapshot()
+    calls = {"n": 0}
+    real = registry._checked_single_dim
+
+    def explode(rule):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("boom")
+        return real(rule)
+
+    monkeypatch.setattr(registry, "_checked_single_dim", explode)
+    with pytest.raises(RuntimeError, match="boom"):
+        dtensor_rules.install()
+    assert_same(snapshot(), before)
+    assert registry.active_ops() == []
+
+
+def test_duplicate_registration_is_an_error():
+    with pytest.raises(RuleError, match=r"prims.fma.default already has a rule .*replace=True"):
+        dtensor_rules.register(FMA)(lambda op, a, k: [])
+
+
+def test_replace_swaps_the_rule_and_restores(restore_install):
+    original = registry.get_rule(FMA)
+
+    def only_replicate(op, args, kwargs):
+        return []
+
+    dtensor_rules.register(FMA, replace=True)(only_replicate)
+    try:
+        prop = DTensor._op_dispatcher.sharding_propagator
+        assert prop.op_single_dim_strategy_funcs[FMA].func.__wrapped__ is only_replicate
+    finally:
+        dtensor_rules.register(FMA, replace=True, flops=original.flops, bytes=original.bytes)(original.strategy)
+    assert registry.get_rule(FMA).strategy is original.strategy
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("aten.add", r"cannot register a rule for 'aten.add'"),
+        (torch.ops.aten.add, r"overload packet.*register each overload, e.g. aten.add.default"),
+        (torch.add, r"expected a torch OpOverload"),
+    ],
+)
+def test_registering_a_non_op_names_the_problem(bad, message):
+    with pytest.raises(RuleError, match=message):
+        dtensor_rules.register(bad)
+
+
+def test_invalid_policy_and_kind_are_rejected():
+    with pytest.raises(RuleError, match="unknown install policy 'sometimes'"):
+        dtensor_rules.install(policy="sometimes")
+    with pytest.raises(RuleError, match="unknown rule kind 'fancy'"):
+        dtensor_rules.register(torch.ops.aten.neg.default, kind="fancy")
+
+
+def test_install_of_an_op_without_rule_is_rejected():
+    with pytest.raises(RuleError, match=r"no dtensor_rules rule for \['aten.neg.default'\]"):
+        dtensor_rules.install(ops=[torch.ops.aten.neg.default])
+
+
+def test_rules_carry_doc_module_and_costs():
+    rule = registry.get_rule(FMA)
+    assert rule.module == "dtensor_rules.ops.fma"
+    assert "Pointwise" in rule.doc
+    a = torch.empty(4, 6, device="meta")
+    assert rule.flops(a, a, a) == 2 * 24
+
+
+def test_import_without_install_and_old_torch_message():
+    code = textwrap.dedent(
+        """
+        import torch
+        import torch._inductor.inductor_prims  # defining prims.fma registers upstream's fma rule
+        from torch.distributed.tensor import DTensor
+        prop = DTensor._op_dispatcher.sharding_propagator
+        names = %r
+        before = {n: dict(getattr(prop, n)) for n in names}
+        import dtensor_rules
+        from dtensor_rules import registry
+        assert registry.active_ops() == [], registry.active_ops()
+        after = {n: dict(getattr(prop, n)) for n in names}
+        assert all(before[n].keys() == after[n].keys() for n in names)
+        assert all(before[n][k] is after[n][k] for n in names for k in before[n])
+        torch.__version__ = "2.12.1"
+        try:
+            dtensor_rules._check_torch()
+        except ImportError as e:
+            print("ERR", e)
+        """
+        % (REGISTRIES,)
+    )
+    env = {"DTENSOR_RULES_NO_INSTALL": "1", "PATH": ""}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert "ERR dtensor_rules needs torch >= 2.13, found 2.12.1" in out
+    assert "pip install 'torch==2.13.0'" in out
+
+
+def test_malformed_strategy_is_reported_with_the_rule_name(restore_install):
+    def wrong_width(op, args, kwargs):
+        return [[Replicate(), Replicate()]]  # fma has 1 output + 3 inputs
+
+    original = registry.get_rule(FMA)
+    dtensor_rules.register(FMA, replace=True)(wrong_width)
+    try:
+        info = DTensor._op_dispatcher.sharding_propagator.op_single_dim_strategy_funcs[FMA]
+        meta = torch.distributed.tensor._dtensor_spec.TensorMeta(torch.Size([2]), (1,), torch.float32)
+        with pytest.raises(RuleError, match=r"rule for prims.fma.default returned strategy .*expected a list of 4"):
+            info.func(FMA, (meta, meta, meta), {})
+        dtensor_rules.register(FMA, replace=True)(lambda op, a, k: [[Shard(0), Shard(5), Replicate(), Replicate()]])
+        info = DTensor._op_dispatcher.sharding_propagator.op_single_dim_strategy_funcs[FMA]
+        with pytest.raises(RuleError, match="shards input 0 on dim 5, but that input has 1 dims"):
+            info.func(FMA, (meta, meta, meta), {})
+        dtensor_rules.register(FMA, replace=True)(lambda op, a, k: [["S(0)", Replicate(), Replicate(), Replicate()]])
+        info = DTensor._op_dispatcher.sharding_propagator.op_single_dim_strategy_funcs[FMA]
+        with pytest.raises(RuleError, match="returned 'S\\(0\\)' .*not a Placement"):
+            info.func(FMA, (meta, meta, meta), {})
+    finally:
+        dtensor_rules.register(FMA, replace=True, flops=original.flops, bytes=original.bytes)(original.strategy)
+
+
+def test_placeholder_strategies_pass_validation():
+    info = DTensor._op_dispatcher.sharding_propagator.op_single_dim_strategy_funcs[FMA]
+    meta = torch.distributed.tensor._dtensor_spec.TensorMeta(torch.Size([2, 3]), (3, 1), torch.float32)
+    rows = info.func(FMA, (meta, meta, meta), {})
+    assert [_ShardingPlaceholder(0).dim] == [rows[0][0].dim]
