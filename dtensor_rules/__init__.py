@@ -39,6 +39,9 @@ from dtensor_rules.registry import (  # noqa: E402
     uninstall,
 )
 from dtensor_rules import ops  # noqa: E402,F401  (registers the shipped rules)
+from dtensor_rules.costs import register_flop_formulas as _register_flops  # noqa: E402
+
+_register_flops()  # FlopCounterMode counts ops torch prices at 0 (idempotent; costs.unregister_flop_formulas undoes it)
 
 __version__ = "0.1.0"
 __all__ = [

@@ -28,22 +28,11 @@ import torch
 import torch._inductor.inductor_prims  # noqa: F401  (defines torch.ops.prims.fma)
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
-from dtensor_rules.ops._common import PlacementOrHole, broadcast_shape, metas, nbytes, numel, shard_through_broadcast
+from dtensor_rules.costs.formulas.pointwise import fma_bytes, fma_flops
+from dtensor_rules.ops._common import PlacementOrHole, broadcast_shape, metas, shard_through_broadcast
 from dtensor_rules.registry import register
 
 fma = torch.ops.prims.fma.default
-
-
-def fma_flops(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> int:
-    """One multiply and one add per output element."""
-    return 2 * numel(broadcast_shape(a.shape, b.shape, c.shape))
-
-
-def fma_bytes(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> int:
-    out = numel(broadcast_shape(a.shape, b.shape, c.shape)) * torch.promote_types(
-        torch.promote_types(a.dtype, b.dtype), c.dtype
-    ).itemsize
-    return nbytes(a) + nbytes(b) + nbytes(c) + out
 
 
 @register(fma, flops=fma_flops, bytes=fma_bytes)

@@ -24,21 +24,12 @@ import torch
 from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
-from dtensor_rules.ops._common import PlacementOrHole, metas, nbytes, normalize_dim, numel
+from dtensor_rules.costs.formulas.pointwise import softmax_backward_bytes, softmax_backward_flops
+from dtensor_rules.ops._common import PlacementOrHole, metas, normalize_dim
 from dtensor_rules.registry import register
 
 aten = torch.ops.aten
 SOFTMAX_BACKWARD = [aten._softmax_backward_data.default, aten._softmax_backward_data.out]
-
-
-def softmax_backward_flops(grad_output: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: Any, **_: Any) -> int:
-    """g*y, the row sum, the subtraction and the final product: 4 flops per element."""
-    return 4 * numel(grad_output)
-
-
-def softmax_backward_bytes(grad_output: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: Any, **_: Any) -> int:
-    out_dtype = input_dtype if isinstance(input_dtype, torch.dtype) else grad_output.dtype
-    return nbytes(grad_output) + nbytes(output) + numel(grad_output) * out_dtype.itemsize
 
 
 @register(SOFTMAX_BACKWARD, flops=softmax_backward_flops, bytes=softmax_backward_bytes)

@@ -1,0 +1,76 @@
+"""Teach ``torch.utils.flop_counter.FlopCounterMode`` the ops it counts as free.
+
+:func:`register_flop_formulas` registers our formulas (``OpCost.flops``) with
+``register_flop_formula`` for every op packet in our table that has arithmetic and that torch
+has no formula for; torch's own formulas (mm, bmm, attention, ...) are never replaced.
+It is idempotent and undone by :func:`unregister_flop_formulas`. ``import dtensor_rules``
+calls it. Pure data movement (cat, gather, index, scatter, slice_scatter) is not
+registered: it has 0 flops and would only add empty rows to FlopCounterMode tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._ops import OpOverload, OpOverloadPacket
+
+from dtensor_rules.costs._util import fits
+from dtensor_rules.costs.formulas import TABLE
+
+__all__ = ["register_flop_formulas", "unregister_flop_formulas", "registered_flop_formulas"]
+
+aten = torch.ops.aten
+_DATA_MOVEMENT = {aten.cat, aten.gather, aten.index, aten.slice_scatter, aten.scatter, aten.scatter_}
+_ours: dict[OpOverloadPacket, Callable[..., int]] = {}
+
+
+def _counter(packet: OpOverloadPacket, overloads: list[OpOverload]) -> Callable[..., int]:
+    def flops(*args: Any, out_val: Any = None, **kwargs: Any) -> int:
+        for op in overloads:
+            if fits(op, args, kwargs):
+                return TABLE[op](op, args, kwargs).flops
+        return 0  # an overload we have no formula for (e.g. an out= variant): torch's old answer
+
+    flops.__name__ = f"dtensor_rules_{packet.__name__}_flops"
+    return flops
+
+
+def _packets() -> dict[OpOverloadPacket, list[OpOverload]]:
+    out: dict[OpOverloadPacket, list[OpOverload]] = {}
+    for op in TABLE:
+        packet = op.overloadpacket
+        if packet not in _DATA_MOVEMENT:
+            out.setdefault(packet, []).append(op)
+    return out
+
+
+def register_flop_formulas() -> list[OpOverloadPacket]:
+    """Register our flop formulas where torch has none; returns the packets now counted by ours."""
+    from torch.utils import flop_counter as fc
+
+    for packet, overloads in _packets().items():
+        current = fc.flop_registry.get(packet)
+        if current is not None:
+            continue  # torch's own formula, or ours from an earlier call
+        fn = _counter(packet, overloads)
+        fc.register_flop_formula(packet, get_raw=True)(fn)
+        _ours[packet] = fc.flop_registry[packet]
+    return registered_flop_formulas()
+
+
+def registered_flop_formulas() -> list[OpOverloadPacket]:
+    from torch.utils import flop_counter as fc
+
+    return [p for p, fn in _ours.items() if fc.flop_registry.get(p) is fn]
+
+
+def unregister_flop_formulas() -> None:
+    """Remove exactly the entries :func:`register_flop_formulas` added (torch's are untouched)."""
+    from torch.utils import flop_counter as fc
+
+    for packet, fn in list(_ours.items()):
+        if fc.flop_registry.get(packet) is fn:
+            del fc.flop_registry[packet]
+        del _ours[packet]

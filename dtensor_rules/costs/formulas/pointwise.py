@@ -1,0 +1,71 @@
+"""Fused pointwise ops with rules in dtensor_rules.ops: ``prims.fma`` and softmax backward.
+
+- ``prims.fma(a, b, c)``: 2 flops (multiply, add) per output element; reads each
+  operand's distinct memory once, writes the broadcast output in the promoted dtype.
+- ``_softmax_backward_data(g, y, dim, input_dtype)``: ``y * (g - sum(g*y, dim))`` is
+  4 flops per element (product, row-sum add, subtraction, product); reads g and y,
+  writes grad_input in ``input_dtype``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch._inductor.inductor_prims  # noqa: F401  (defines torch.ops.prims.fma)
+from torch._ops import OpOverload
+
+from dtensor_rules.costs._util import broadcast_shape, nbytes, numel
+from dtensor_rules.costs.formulas._table import formula
+from dtensor_rules.costs.op_cost import OpCost, table_backed
+
+aten = torch.ops.aten
+FMA = torch.ops.prims.fma.default
+SOFTMAX_BACKWARD = (aten._softmax_backward_data.default, aten._softmax_backward_data.out)
+
+
+def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> OpCost:
+    out_shape = broadcast_shape(a.shape, b.shape, c.shape)
+    dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), c.dtype)
+    n = numel(out_shape)
+    return OpCost(2 * n, nbytes(a) + nbytes(b) + nbytes(c), n * dtype.itemsize, dtype=dtype)
+
+
+@formula(FMA)
+def fma_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
+    return _fma(b["a"], b["b"], b["c"])
+
+
+@table_backed
+def fma_flops(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> int:
+    """One multiply and one add per output element."""
+    return _fma(a, b, c).flops
+
+
+@table_backed
+def fma_bytes(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> int:
+    """Distinct bytes of a, b, c read plus the output written."""
+    return _fma(a, b, c).bytes
+
+
+def _softmax_backward(g: torch.Tensor, y: torch.Tensor, input_dtype: Any) -> OpCost:
+    out_dtype = input_dtype if isinstance(input_dtype, torch.dtype) else g.dtype
+    n = numel(g)
+    return OpCost(4 * n, nbytes(g) + nbytes(y), n * out_dtype.itemsize, dtype=g.dtype)
+
+
+@formula(*SOFTMAX_BACKWARD)
+def softmax_backward_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
+    return _softmax_backward(b["grad_output"], b["output"], b["input_dtype"])
+
+
+@table_backed
+def softmax_backward_flops(grad_output: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: Any, **_: Any) -> int:
+    """g*y, the row sum, the subtraction and the final product: 4 flops per element."""
+    return _softmax_backward(grad_output, output, input_dtype).flops
+
+
+@table_backed
+def softmax_backward_bytes(grad_output: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: Any, **_: Any) -> int:
+    """g and y read, grad_input written in ``input_dtype``."""
+    return _softmax_backward(grad_output, output, input_dtype).bytes

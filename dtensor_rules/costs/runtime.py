@@ -1,0 +1,45 @@
+"""Roofline runtime: ``launch + max(compute time, memory time)`` with efficiency factors.
+
+compute time = flops / (peak[unit][dtype class] * compute_efficiency)
+memory time  = (bytes_read + bytes_written) / (memory_bandwidth * memory_efficiency)
+
+The launch term is a floor: no op is faster than a kernel launch / eager dispatch.
+``unit="tensor"`` costs fall back to the vector peak for dtype classes without a matrix
+engine (e.g. fp32 matmul without TF32).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dtensor_rules.costs._util import CostError
+from dtensor_rules.costs.hardware import Hardware, dtype_class, get_hardware
+from dtensor_rules.costs.op_cost import OpCost
+
+__all__ = ["runtime", "peak_flops"]
+
+
+def peak_flops(hardware: Hardware, dtype: torch.dtype, unit: str = "vector") -> float:
+    """Peak ops/s of ``hardware`` for ``dtype`` on ``unit``; CostError if the device cannot do it."""
+    cls = dtype_class(dtype)
+    if unit == "tensor":
+        tcls = hardware.fp32_matmul_class if cls == "fp32" else cls
+        if tcls in hardware.tensor:
+            return hardware.tensor[tcls]
+    if cls in hardware.vector:
+        return hardware.vector[cls]
+    raise CostError(
+        f"hardware {hardware.name!r} has no {unit} throughput for {dtype} (class {cls!r}); "
+        f"it prices {sorted(set(hardware.vector) | set(hardware.tensor))}"
+    )
+
+
+def runtime(cost: OpCost, hardware: Hardware | str, dtype: torch.dtype | None = None) -> float:
+    """Seconds ``cost`` takes on ``hardware``; ``dtype`` defaults to ``cost.dtype`` (float32 if unknown)."""
+    hw = get_hardware(hardware)
+    dtype = dtype or cost.dtype or torch.float32
+    compute = 0.0
+    if cost.flops:
+        compute = cost.flops / (peak_flops(hw, dtype, cost.unit) * hw.compute_efficiency)
+    memory = cost.bytes / (hw.memory_bandwidth * hw.memory_efficiency)
+    return hw.launch_s + max(compute, memory)

@@ -1,0 +1,103 @@
+"""estimate(): lookup order (user rule, table, generic families), tensors kinds, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import dtensor_rules  # noqa: F401
+from dtensor_rules.costs import CostError, OpCost, estimate, estimate_call
+from dtensor_rules.registry import register, unregister
+
+aten = torch.ops.aten
+
+
+@torch.library.custom_op("dtr_costs_test::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@twice.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def test_user_rule_formulas_win() -> None:
+    op = twice._opoverload
+
+    @register(op, flops=lambda x: 7 * x.numel(), bytes=lambda x: (x.numel(), 2 * x.numel()))
+    def rule(op, args, kwargs):
+        return []
+
+    try:
+        cost = estimate(op, torch.randn(3))
+        assert (cost.flops, cost.bytes_read, cost.bytes_written, cost.source) == (21, 3, 6, "rule")
+    finally:
+        unregister(op)
+    with pytest.raises(CostError, match="no cost formula"):
+        estimate(op, torch.randn(3))
+
+
+def test_user_rule_total_bytes_is_documented_in_note() -> None:
+    op = twice._opoverload
+
+    @register(op, flops=lambda x: 1, bytes=lambda x: 40)
+    def rule(op, args, kwargs):
+        return []
+
+    try:
+        cost = estimate(op, torch.randn(3))
+        assert cost.bytes == 40 and "total bytes" in cost.note and not cost.exact
+    finally:
+        unregister(op)
+
+
+def test_op_without_formula_is_a_clear_error() -> None:
+    with pytest.raises(CostError, match=r"no cost formula for aten\.mm\.default.*fallback=True"):
+        estimate(aten.mm.default, torch.randn(2, 2), torch.randn(2, 2))
+
+
+def test_fallback_is_marked_as_estimate() -> None:
+    cost = estimate_call(aten.mm.default, (torch.randn(2, 3), torch.randn(3, 4)), {}, fallback=True)
+    assert (cost.flops, cost.bytes_read, cost.bytes_written) == (0, 24 + 48, 32)
+    assert not cost.exact and cost.source == "fallback" and "ESTIMATE" in cost.note
+
+
+def test_overload_packet_is_resolved() -> None:
+    x = torch.randn(3, 4)
+    assert estimate(aten.sort, x, stable=True) == estimate(aten.sort.stable, x, stable=True)
+    with pytest.raises(CostError, match="no overload"):
+        estimate(aten.sort, "not a tensor")
+
+
+def test_wrong_arguments_are_reported() -> None:
+    with pytest.raises(CostError, match="no argument 'bogus'"):
+        estimate(aten.cumsum.default, torch.randn(3), 0, bogus=1)
+
+
+def test_generic_families() -> None:
+    x = torch.randn(4, 5)
+    add = estimate(aten.add.Tensor, x, torch.randn(5))
+    assert (add.flops, add.bytes_read, add.bytes_written, add.source) == (20, 100, 80, "pointwise")
+    s = estimate(aten.sum.dim_IntList, x, [0])
+    assert (s.flops, s.bytes_read, s.bytes_written, s.source) == (20, 80, 20, "reduction")
+    v = estimate(aten.transpose.int, x, 0, 1)
+    assert v == OpCost(0, 0, 0, source="view")
+
+
+@pytest.mark.parametrize("kind", ["real", "meta", "fake"])
+def test_real_fake_and_meta_give_the_same_shape_costs(kind: str) -> None:
+    def make():
+        return torch.randn(4, 6), torch.randint(0, 4, (2, 6))
+
+    if kind == "fake":
+        with FakeTensorMode():
+            x, i = make()
+            cost = estimate(aten.scatter_add.default, x, 0, i, x)
+    else:
+        x, i = make()
+        if kind == "meta":
+            x, i = x.to("meta"), i.to("meta")
+        cost = estimate(aten.scatter_add.default, x, 0, i, x)
+    assert (cost.flops, cost.bytes_read, cost.bytes_written) == (12, 96 + 96 + 48 + 48, 96 + 48)
