@@ -11,9 +11,13 @@ runs), and reports for every op in the graph:
   ``decomp`` (no rule, but DTensor propagates through the op's decomposition:
   ``DecompShardingStrategy.has_decomp``), ``handler`` (DTensor's dispatcher handles the op
   itself, e.g. ``aten.convolution``) or ``none`` (DTensor fails on it);
-- ``strategies``: how many (input, output) placement combos the active rule offers on the
-  mesh for the traced shapes (min-max over the op's calls; ``-`` where it cannot be asked:
-  decomp, handler, propagation rules; ``err`` if asking failed, see ``CoverageRow.error``);
+- ``strategies``: how many distinct (input placements, output placements) combos the
+  active rule offers on the mesh for the traced shapes (min-max over the op's calls; ``-``
+  where it cannot be asked: decomp, handler, propagation rules; ``err`` if asking failed,
+  see ``CoverageRow.error``). Single-dim rules are expanded to the mesh as dispatch does
+  (placeholders as plain ``Shard``); op-strategy rules are asked with every candidate
+  input layout (R, S(d) on dims of size > 1, P(sum) for floats), so a rule that follows
+  its input counts each layout it accepts;
 - ``cost``: ``dtensor_rules.costs.estimate`` of the op's first call, or ``-`` when the
   costs package provides no ``estimate``.
 
