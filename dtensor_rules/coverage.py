@@ -1,0 +1,427 @@
+"""Which ops of a model's forward+backward have a DTensor sharding rule, and from where.
+
+:func:`coverage` traces ``loss -> grads`` of a module (or function) with ``make_fx``
+(``torch.autograd.grad`` of the outputs wrt every parameter and floating input, with
+the cotangents as graph inputs, so the graph is the joint forward+backward a trainer
+runs), and reports for every op in the graph:
+
+- ``rule``: where DTensor's dispatch gets its sharding decision from:
+  ``ours`` (a rule in :func:`dtensor_rules.registry.rules`), ``upstream`` (a rule in the
+  propagator's ``op_single_dim_strategy_funcs`` / ``op_strategy_funcs`` / ``op_to_rules``),
+  ``decomp`` (no rule, but DTensor propagates through the op's decomposition:
+  ``DecompShardingStrategy.has_decomp``), ``handler`` (DTensor's dispatcher handles the op
+  itself, e.g. ``aten.convolution``) or ``none`` (DTensor fails on it);
+- ``strategies``: how many distinct (input placements, output placements) combos the
+  active rule offers on the mesh for the traced shapes (min-max over the op's calls; ``-``
+  where it cannot be asked: decomp, handler, propagation rules; ``err`` if asking failed,
+  see ``CoverageRow.error``). Single-dim rules are expanded to the mesh as dispatch does
+  (placeholders as plain ``Shard``); op-strategy rules are asked with every candidate
+  input layout (R, S(d) on dims of size > 1, P(sum) for floats), so a rule that follows
+  its input counts each layout it accepts;
+- ``cost``: ``dtensor_rules.costs.estimate`` of the op's first call, or ``-`` when the
+  costs package provides no ``estimate``.
+
+Excluded from the table (DTensor never asks the propagator about them):
+
+- graph plumbing: placeholders, outputs, ``get_attr`` nodes;
+- non-op callables: ``operator.getitem`` on multi-output ops and Python/SymInt
+  arithmetic (``operator.*``, ``torch.sym_*``);
+- shape queries ``aten.sym_size/sym_stride/sym_numel/sym_storage_offset`` (DTensor answers
+  them from its spec) and ``aten._local_scalar_dense`` (``.item()``: the propagator
+  returns early for it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._ops import OpOverload
+from torch.utils import _pytree as pytree
+
+__all__ = ["CoverageReport", "CoverageRow", "coverage", "coverage_main", "EXCLUDED_OPS"]
+
+aten = torch.ops.aten
+EXCLUDED_OPS = frozenset(
+    {
+        aten.sym_size.int,
+        aten.sym_stride.int,
+        aten.sym_numel.default,
+        aten.sym_storage_offset.default,
+        aten._local_scalar_dense.default,
+    }
+)
+
+
+@dataclass
+class CoverageRow:
+    """One op of the traced graph."""
+
+    op: OpOverload
+    calls: int
+    rule: str  # ours | upstream | decomp | handler | none
+    strategies: str  # "12", "4-9", "-" or "err"
+    cost: str
+    error: str = ""
+
+    @property
+    def name(self) -> str:
+        return str(self.op)
+
+
+@dataclass
+class CoverageReport:
+    """Per-op coverage of a traced forward+backward; ``table()`` renders it."""
+
+    mesh_shape: tuple[int, ...]
+    rows: list[CoverageRow] = field(default_factory=list)
+
+    @property
+    def missing(self) -> list[OpOverload]:
+        """Ops DTensor has no way to shard (no rule, no decomposition, no handler)."""
+        return [r.op for r in self.rows if r.rule == "none"]
+
+    def table(self) -> str:
+        header = ("op", "calls", "rule", "strategies", "cost")
+        body = [(r.name, str(r.calls), r.rule, r.strategies, r.cost) for r in self.rows]
+        widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+        fmt = lambda row: "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()  # noqa: E731
+        lines = [fmt(header), fmt(tuple("-" * w for w in widths)), *map(fmt, body)]
+        counts = {k: sum(r.rule == k for r in self.rows) for k in ("ours", "upstream", "decomp", "handler", "none")}
+        mesh = "x".join(map(str, self.mesh_shape))
+        lines.append(f"{len(self.rows)} ops on mesh {mesh}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+# --------------------------------------------------------------------------- tracing
+def _joint_fn(
+    module_or_fn: Callable[..., Any], n_inputs: int
+) -> tuple[Callable[..., Any], list[torch.Tensor], list[torch.Tensor]]:
+    """A function of (params..., buffers..., inputs..., cotangents...) returning (outputs, grads)."""
+    if isinstance(module_or_fn, torch.nn.Module):
+        named = dict(module_or_fn.named_parameters())
+        named_buffers = dict(module_or_fn.named_buffers())
+        names = [*named, *named_buffers]
+        params, buffers = list(named.values()), list(named_buffers.values())
+
+        def call(state: Sequence[torch.Tensor], xs: Sequence[torch.Tensor]) -> Any:
+            return torch.func.functional_call(module_or_fn, dict(zip(names, state)), tuple(xs))
+    else:
+        params, buffers = [], []
+
+        def call(state: Sequence[torch.Tensor], xs: Sequence[torch.Tensor]) -> Any:
+            return module_or_fn(*xs)
+
+    n_state = len(params) + len(buffers)
+
+    def joint(*flat: torch.Tensor) -> Any:
+        state, xs = flat[:n_state], flat[n_state : n_state + n_inputs]
+        cots = flat[n_state + n_inputs :]
+        outs = [o for o in pytree.tree_leaves(call(state, xs)) if isinstance(o, torch.Tensor) and o.requires_grad]
+        wrt = [t for t in (*state, *xs) if isinstance(t, torch.Tensor) and t.requires_grad]
+        grads = torch.autograd.grad(outs, wrt, cots[: len(outs)], allow_unused=True)
+        return outs, [g for g in grads if g is not None]
+
+    return joint, params, buffers
+
+
+def trace_joint(module_or_fn: Callable[..., Any], example_inputs: Sequence[Any]) -> torch.fx.GraphModule:
+    """make_fx graph of forward + ``autograd.grad`` wrt params and floating inputs.
+
+    Traced with fake tensors; falls back to real tensors if an op's fake (meta) kernel
+    rejects the inputs (e.g. ``_grouped_mm``'s meta accepts only bf16 in torch 2.13).
+    """
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    inputs = [
+        x.detach().requires_grad_(x.is_floating_point()) if isinstance(x, torch.Tensor) else x for x in example_inputs
+    ]
+    joint, params, buffers = _joint_fn(module_or_fn, len(inputs))
+    outs = pytree.tree_leaves(module_or_fn(*inputs))
+    cots = [torch.ones_like(o) for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
+    params = [p.detach().requires_grad_(p.requires_grad) for p in params]
+    flat = [*params, *buffers, *inputs, *cots]
+    try:
+        return make_fx(joint, tracing_mode="fake")(*flat)
+    except RuntimeError:
+        return make_fx(joint, tracing_mode="real")(*flat)
+
+
+# --------------------------------------------------------------------------- classification
+def _custom_handlers() -> dict[OpOverload, Any]:
+    from torch.distributed.tensor import DTensor
+
+    return dict(getattr(DTensor._op_dispatcher, "_custom_op_handlers", {}))
+
+
+def rule_source(op: OpOverload) -> str:
+    """ours | upstream | decomp | handler | none, in the order DTensor's dispatch consults them."""
+    from torch.distributed.tensor._decompositions import DecompShardingStrategy
+
+    from dtensor_rules import registry
+
+    if op in _custom_handlers():
+        return "handler"
+    if op in registry.rules():
+        return "ours"
+    if registry.upstream_strategy(op) is not None:
+        return "upstream"
+    if DecompShardingStrategy.has_decomp(op):
+        return "decomp"
+    return "none"
+
+
+def _active_strategy(op: OpOverload) -> tuple[str, Any] | None:
+    from dtensor_rules import registry
+
+    rule = registry.rules().get(op)
+    if rule is not None:
+        if rule.kind == "single_dim":
+            from torch.distributed.tensor._ops.single_dim_strategy import _SingleDimStrategyInfo
+
+            return "single_dim", _SingleDimStrategyInfo(
+                func=registry._checked_single_dim(rule), allow_uneven_sharding=rule.allow_uneven_sharding
+            )
+        return "op_strategy", registry._checked_op_strategy(rule)
+    return registry.upstream_strategy(op)
+
+
+def _concrete(x: Any) -> Any:
+    """A node's meta value as a plain tensor of the same shape/stride/dtype (zeros)."""
+    if isinstance(x, torch.Tensor):
+        size = [int(s) for s in x.shape]
+        stride = [int(s) for s in x.stride()]
+        return torch.zeros(size, dtype=x.dtype).as_strided(size, stride) if x.numel() else torch.empty_strided(
+            size, stride, dtype=x.dtype
+        )
+    if isinstance(x, torch.SymInt):
+        return int(x)
+    return x
+
+
+def _node_args(node: torch.fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def val(a: Any) -> Any:
+        return _concrete(a.meta.get("val")) if isinstance(a, torch.fx.Node) else _concrete(a)
+
+    return pytree.tree_map(val, (tuple(node.args), dict(node.kwargs)))
+
+
+def _input_candidates(t: torch.Tensor, mesh: Any) -> list[tuple[Any, ...]]:
+    """N-D placements a tensor input could arrive with: R, S(d) on dims of size > 1, P(sum)."""
+    from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
+
+    per_dim: list[Any] = [Replicate()] + [Shard(d) for d in range(t.ndim) if t.shape[d] > 1]
+    if t.is_floating_point():
+        per_dim.append(Partial("sum"))
+    return list(itertools.product(per_dim, repeat=mesh.ndim))
+
+
+def _wrap(x: Any, mesh: Any, all_candidates: bool) -> Any:
+    """Tensors -> OpStrategy; tensor lists -> TupleStrategy (lists with None stay lists), as dispatch does."""
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+    from torch.distributed.tensor._op_schema import OpSpec, OpStrategy, TupleStrategy
+    from torch.distributed.tensor.placement_types import Replicate
+
+    from dtensor_rules.testing.query import tensor_meta
+
+    if isinstance(x, torch.Tensor):
+        meta = tensor_meta(x)
+        placements = _input_candidates(x, mesh) if all_candidates else [(Replicate(),) * mesh.ndim]
+        return OpStrategy([OpSpec(DTensorSpec(mesh, pl, tensor_meta=meta)) for pl in placements])
+    if isinstance(x, (list, tuple)) and x and any(isinstance(e, torch.Tensor) for e in x):
+        items = [_wrap(e, mesh, all_candidates) for e in x]
+        if all(isinstance(e, torch.Tensor) for e in x):
+            return TupleStrategy(tuple(items) if isinstance(x, tuple) else items)
+        return items
+    return x
+
+
+def _distinct(strategy: Any) -> int:
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+    from torch.distributed.tensor._op_schema import TupleStrategy
+
+    if isinstance(strategy, TupleStrategy):
+        return min((_distinct(c) for c in strategy.children), default=0)
+    seen = set()
+    for spec in strategy.strategies:
+        outs = spec.output_specs
+        outs = (outs,) if isinstance(outs, DTensorSpec) else tuple(outs or ())
+        key_out = tuple(tuple(o.placements) if o is not None else None for o in outs)
+        key_in = tuple(tuple(i.placements) for i in spec.input_specs or ())
+        seen.add((key_in, key_out))
+    return len(seen)
+
+
+def _schema_info(op: OpOverload) -> Any:
+    from dtensor_rules import registry
+
+    prop = registry._propagator()
+    for name in ("op_to_schema_info_for_single_dim_strategy", "op_to_schema_info"):
+        if op in getattr(prop, name):
+            return getattr(prop, name)[op]
+    return registry.default_schema_info(op)
+
+
+def _count_strategies(op: OpOverload, args: Any, kwargs: Any, mesh: Any) -> int | None:
+    """Distinct (input, output) placements the active rule offers, expanded as dispatch does."""
+    from torch.distributed.tensor._op_schema import OpSchema
+    from dtensor_rules.testing.query import _out_meta, tensor_meta
+    from dtensor_rules.testing.simulate import Sample
+
+    active = _active_strategy(op)
+    if active is None or active[0] not in ("single_dim", "op_strategy"):
+        return None
+    kind, fn = active
+    sample = Sample(args, kwargs)
+    info = _schema_info(op)
+
+    def schema(all_candidates: bool) -> OpSchema:
+        wrapped = tuple(_wrap(a, mesh, all_candidates) for a in args)
+        return OpSchema(op, wrapped, {k: _wrap(v, mesh, all_candidates) for k, v in kwargs.items()}, schema_info=info)
+
+    if kind == "op_strategy":
+        return _distinct(fn(schema(True)))
+    from torch.distributed.tensor._ops.single_dim_strategy import (
+        _expand_single_dim_strategy_to_mesh,
+        _ShardingPlaceholder,
+        _SingleDimStrategyInfo,
+    )
+    from torch.distributed.tensor.placement_types import Shard
+
+    def concrete(op: OpOverload, a: Any, k: Any) -> Any:
+        # dispatch fills placeholders with the shard types its inputs use; ask for plain Shard
+        return [[Shard(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in s] for s in fn.func(op, a, k)]
+
+    filled = _SingleDimStrategyInfo(func=concrete, allow_uneven_sharding=fn.allow_uneven_sharding)
+    args_meta, kwargs_meta = pytree.tree_map_only(torch.Tensor, tensor_meta, (args, kwargs))
+    expand = _expand_single_dim_strategy_to_mesh(mesh, schema(False), filled, _out_meta(op, sample))
+    strategy = expand(op, args_meta, kwargs_meta)
+    return _distinct(strategy)
+
+
+def _cost(op: OpOverload, args: Any, kwargs: Any, hardware: Any) -> str:
+    try:
+        from dtensor_rules import costs
+    except ImportError:
+        return "-"
+    estimate = getattr(costs, "estimate", None)
+    if estimate is None:
+        return "-"
+    try:
+        cost = estimate(op, *args, **kwargs) if hardware is None else estimate(op, *args, hardware=hardware, **kwargs)
+    except Exception as e:  # an op the cost model does not know: say so, do not hide the table
+        return f"err: {type(e).__name__}"
+    return _format_cost(cost)
+
+
+def _format_cost(cost: Any) -> str:
+    for attr in ("time_s", "seconds", "time"):
+        v = getattr(cost, attr, None)
+        if isinstance(v, (int, float)):
+            return f"{v * 1e6:.3g}us"
+    flops, nbytes = getattr(cost, "flops", None), getattr(cost, "bytes", None)
+    if flops is not None or nbytes is not None:
+        return f"{flops} flop {nbytes} B"
+    return str(cost)
+
+
+def _is_op_node(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and isinstance(node.target, OpOverload) and node.target not in EXCLUDED_OPS
+
+
+def coverage(
+    module_or_fn: Callable[..., Any],
+    example_inputs: Sequence[Any],
+    mesh_shape: Sequence[int] = (2, 2),
+    hardware: Any = None,
+) -> CoverageReport:
+    """Trace forward+backward of ``module_or_fn(*example_inputs)`` and report each op's rule.
+
+    ``module_or_fn`` is an ``nn.Module`` (gradients wrt its parameters and floating
+    inputs) or a function (gradients wrt its floating inputs).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dtensor_rules.testing.mesh import fake_world
+
+    mesh_shape = tuple(mesh_shape)
+    graph = trace_joint(module_or_fn, example_inputs)
+    calls: dict[OpOverload, list[torch.fx.Node]] = {}
+    for node in graph.graph.nodes:
+        if _is_op_node(node):
+            calls.setdefault(node.target, []).append(node)
+
+    report = CoverageReport(mesh_shape)
+    with fake_world(math.prod(mesh_shape)):
+        mesh = init_device_mesh("cpu", mesh_shape)
+        for op in sorted(calls, key=str):
+            nodes = calls[op]
+            source = rule_source(op)
+            counts: list[int] = []
+            error = ""
+            for node in nodes:
+                try:
+                    n = _count_strategies(op, *_node_args(node), mesh)
+                except Exception as e:  # report, do not abort: the table is a diagnostic
+                    error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+                    break
+                if n is not None:
+                    counts.append(n)
+            if error:
+                strategies = "err"
+            elif not counts:
+                strategies = "-"
+            else:
+                lo, hi = min(counts), max(counts)
+                strategies = str(lo) if lo == hi else f"{lo}-{hi}"
+            cost = _cost(op, *_node_args(nodes[0]), hardware)
+            report.rows.append(CoverageRow(op, len(nodes), source, strategies, cost, error))
+    return report
+
+
+# --------------------------------------------------------------------------- CLI
+def _parse_mesh(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(s) for s in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--mesh {text!r}: expected sizes joined by 'x', e.g. 2x2") from None
+    if not shape or any(s < 1 for s in shape):
+        raise argparse.ArgumentTypeError(f"--mesh {text!r}: sizes must be positive")
+    return shape
+
+
+def moe_example() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
+    """The small bf16 MoE block the CLI traces (bf16: ``_grouped_mm``'s meta kernel needs it)."""
+    from dtensor_rules.models.moe import MoE, MoEConfig
+
+    model = MoE(MoEConfig(dim=16, hidden=32, n_experts=4, top_k=2, n_shared=1), dtype=torch.bfloat16)
+    x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    return model, (x,)
+
+
+def coverage_main(
+    argv: Sequence[str] | None = None,
+    example: Callable[[], tuple[Callable[..., Any], Sequence[Any]]] = moe_example,
+) -> int:
+    """``python -m dtensor_rules coverage [--mesh 2x2]``: print the MoE block's table; 1 if an op has no rule."""
+    parser = argparse.ArgumentParser(prog="python -m dtensor_rules coverage", description=coverage_main.__doc__)
+    parser.add_argument("--mesh", type=_parse_mesh, default=(2, 2), help="mesh shape, e.g. 2x2 or 4")
+    args = parser.parse_args(argv)
+    model, inputs = example()
+    report = coverage(model, inputs, mesh_shape=args.mesh)
+    print(report.table())
+    for row in report.rows:
+        if row.error:
+            print(f"{row.name}: strategy query failed: {row.error}")
+    if report.missing:
+        print("no sharding rule: " + ", ".join(map(str, report.missing)))
+        return 1
+    return 0

@@ -1,0 +1,250 @@
+"""A DeepSeekV3-style MoE block written so it traces (make_fx) and runs under DTensor.
+
+Pipeline (T tokens, E experts, k = top_k, A = alignment, L = T*k + E*A):
+
+1. router: ``scores = sigmoid(x @ gate.T)``; experts picked by ``topk(scores + expert_bias)``
+   (the bias only steers selection: aux-loss-free balancing); weights are the *unbiased*
+   scores of the picked experts, optionally normalized to sum 1, times ``route_scale``.
+2. counts per expert with ``histc`` (fixed output size, unlike ``bincount`` whose size
+   depends on the data); assignments sorted by expert with a stable ``argsort``.
+3. padding: each expert's group is rounded up to a multiple of A (at least A rows) so
+   every group starts on an aligned row, as CUDA ``_grouped_mm`` needs (A=8 for bf16,
+   16 for fp8). The buffer has the fixed size L; the last group absorbs the slack so
+   ``offs[-1] == L`` and no row of the buffer is left uninitialized (rows past
+   ``offs[-1]`` of a ``_grouped_mm`` output are garbage). Padding rows are zero.
+4. routed experts: SwiGLU via ``torch._grouped_mm`` on 3-D weights
+   ``w1, w3: (E, dim, hidden)``, ``w2: (E, hidden, dim)`` with int32 ``offs``.
+5. combine: each assignment's output times its weight, ``scatter_add`` into its token.
+6. plus a shared-expert SwiGLU MLP (hidden ``n_shared * hidden``) on every token.
+
+No ``.item()``/``.tolist()``/data-dependent shapes: every buffer size is a Python int
+computed from shapes, so the block traces and runs under DTensor.
+
+``_grouped_mm`` on CPU in torch 2.13: the eager kernel accepts float32 and any offsets
+(no alignment requirement), but its meta kernel (used by FakeTensor, make_fx
+``tracing_mode="fake"`` and DTensor's output-meta propagation) accepts only bfloat16 and
+requires 16-byte aligned strides, i.e. ``dim`` and ``hidden`` multiples of 8 in bf16.
+Set ``MoEConfig.gmm_dtype=torch.bfloat16`` to compute the experts in bf16 for any model
+dtype (what torchtitan does).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["MoEConfig", "MoE", "alignment_for", "shard_moe"]
+
+
+def alignment_for(dtype: torch.dtype) -> int:
+    """Rows per expert group so each group starts 16 bytes aligned (torchtitan's ALIGN_SIZE_M)."""
+    if dtype.itemsize == 1:  # fp8
+        return 16
+    return 8
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Sizes and switches of the MoE block; see the module docstring for the pipeline."""
+
+    dim: int = 16
+    hidden: int = 32
+    n_experts: int = 4
+    top_k: int = 2
+    n_shared: int = 1
+    route_norm: bool = True
+    route_scale: float = 1.0
+    expert_bias: bool = True
+    alignment: int | None = None  # None: alignment_for(dtype of the expert inputs)
+    gmm_dtype: torch.dtype | None = None  # None: compute the experts in the input dtype
+    permute_impl: Literal["torch", "kernel"] = "torch"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(f"top_k={self.top_k} must be in 1..n_experts={self.n_experts}")
+        if self.permute_impl not in ("torch", "kernel"):
+            raise ValueError(f"permute_impl={self.permute_impl!r}: use 'torch' or 'kernel'")
+        if self.alignment is not None and self.alignment < 1:
+            raise ValueError(f"alignment={self.alignment} must be >= 1")
+
+
+class MoE(nn.Module):
+    """DeepSeekV3-style MoE block: ``forward(x: (..., dim)) -> (..., dim)``."""
+
+    def __init__(self, config: MoEConfig, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        c = self.config = config
+        E, D, H = c.n_experts, c.dim, c.hidden
+        self.gate = nn.Parameter(torch.empty(E, D, dtype=dtype))
+        self.w1 = nn.Parameter(torch.empty(E, D, H, dtype=dtype))
+        self.w3 = nn.Parameter(torch.empty(E, D, H, dtype=dtype))
+        self.w2 = nn.Parameter(torch.empty(E, H, D, dtype=dtype))
+        Hs = c.n_shared * H
+        self.shared_w1 = nn.Parameter(torch.empty(Hs, D, dtype=dtype)) if Hs else None
+        self.shared_w3 = nn.Parameter(torch.empty(Hs, D, dtype=dtype)) if Hs else None
+        self.shared_w2 = nn.Parameter(torch.empty(D, Hs, dtype=dtype)) if Hs else None
+        # not trained by backprop: updated from the counts by the training loop
+        self.register_buffer("expert_bias", torch.zeros(E, dtype=torch.float32) if c.expert_bias else None)
+        self.init_weights(0)
+
+    def init_weights(self, seed: int) -> None:
+        """Deterministic init from ``seed`` (a private generator; the global RNG is untouched)."""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in self.parameters():
+                fan_in = p.shape[-2] if p.ndim == 3 else p.shape[-1]
+                std = 1.0 / math.sqrt(fan_in)
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * std)
+            if self.expert_bias is not None:
+                # a visible but small bias, so the selection path is exercised
+                self.expert_bias.copy_(torch.randn(self.config.n_experts, generator=g) * 0.05)
+
+    # ------------------------------------------------------------------ pieces
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (T, dim) -> (expert ids (T, k) int64, weights (T, k) in x's dtype)."""
+        c = self.config
+        scores = torch.sigmoid(torch.mm(x, self.gate.t()).float())
+        select = scores + self.expert_bias if self.expert_bias is not None else scores
+        _, idx = torch.topk(select, c.top_k, dim=-1)
+        weights = scores.gather(-1, idx)
+        if c.route_norm:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return idx, (weights * c.route_scale).to(x.dtype)
+
+    def alignment(self, dtype: torch.dtype) -> int:
+        return self.config.alignment or alignment_for(dtype)
+
+    def buffer_len(self, n_tokens: int, dtype: torch.dtype) -> int:
+        """Fixed padded length L = T*k + E*A: enough for any routing (each group adds < A, or A if empty)."""
+        c = self.config
+        return n_tokens * c.top_k + c.n_experts * self.alignment(dtype)
+
+    def dispatch(self, idx: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Expert ids (T, k) -> (order (T*k,), dest (T*k,), offs (E,) int32).
+
+        ``order`` lists the flat assignments (t*k + j) sorted by expert; the i-th of them
+        goes to row ``dest[i]`` of the padded buffer; ``offs`` are the group ends.
+        """
+        c = self.config
+        E, A = c.n_experts, self.alignment(dtype)
+        n = idx.numel()
+        L = self.buffer_len(idx.shape[0], dtype)
+        flat = idx.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.histc(flat.float(), bins=E, min=0, max=E - 1).to(torch.int64)
+        if c.permute_impl == "kernel":
+            return order, *self._kernel_dest(counts, n, L, A)
+        padded = torch.clamp_min((counts + A - 1) // A * A, A)
+        ends = torch.cumsum(padded, 0)
+        shift = (ends - padded) - (torch.cumsum(counts, 0) - counts)  # padded start - unpadded start
+        sorted_expert = flat[order]
+        position = torch.cumsum(torch.ones_like(order), 0) - 1  # 0..n-1 without arange
+        dest = position + shift[sorted_expert]
+        return order, dest, self._offsets(ends, L)
+
+    @staticmethod
+    def _offsets(ends: torch.Tensor, L: int) -> torch.Tensor:
+        """Group ends with the last one stretched to L, as int32 for ``_grouped_mm``."""
+        last = ends.new_full((1,), L)
+        return torch.cat([ends[:-1], last]).to(torch.int32)
+
+    def _kernel_dest(self, counts: torch.Tensor, n: int, L: int, A: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Same as the torch path, with the padded layout from ``dtensor_rules.kernels``.
+
+        Contract (torchtitan's ``generate_permute_indices``):
+        ``moe_permute_indices(tokens_per_expert_group, experts_per_rank, num_ranks, max_len,
+        alignment) -> (permuted_indices (max_len,), m_sizes (E,), m_offsets (E,))`` where
+        ``permuted_indices[r]`` is the sorted-assignment index stored in padded row r, or -1.
+        """
+        try:
+            from dtensor_rules.kernels import moe_permute_indices
+        except ImportError as e:
+            raise RuntimeError(
+                "MoEConfig(permute_impl='kernel') needs dtensor_rules.kernels.moe_permute_indices, "
+                f"which is not available ({e}); use permute_impl='torch'"
+            ) from e
+        perm, _sizes, m_offsets = moe_permute_indices(counts, self.config.n_experts, 1, L, A)
+        perm = perm.to(torch.int64)
+        # invert: dest[perm[r]] = r for the real rows; padding rows (-1) write into slot n, dropped
+        rows = torch.cumsum(torch.ones_like(perm), 0) - 1
+        target = torch.where(perm < 0, torch.full_like(perm, n), perm)
+        dest = perm.new_zeros(n + 1).index_put((target,), rows)[:n]
+        return dest, self._offsets(m_offsets.to(torch.int64), L)
+
+    def experts(self, x_pad: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        """SwiGLU per expert group on the padded buffer (L, dim) -> (L, dim)."""
+        dt = self.config.gmm_dtype
+        w1, w3, w2 = self.w1, self.w3, self.w2
+        if dt is not None:
+            x_pad, w1, w3, w2 = (t.to(dt) for t in (x_pad, w1, w3, w2))
+        h = F.silu(torch._grouped_mm(x_pad, w1, offs=offs)) * torch._grouped_mm(x_pad, w3, offs=offs)
+        return torch._grouped_mm(h, w2, offs=offs)
+
+    def shared(self, x: torch.Tensor) -> torch.Tensor:
+        if self.shared_w1 is None:
+            return torch.zeros_like(x)
+        return F.linear(F.silu(F.linear(x, self.shared_w1)) * F.linear(x, self.shared_w3), self.shared_w2)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        shape = x.shape
+        x2 = x.reshape(-1, c.dim)
+        T, k = x2.shape[0], c.top_k
+        idx, weights = self.route(x2)
+        gdt = c.gmm_dtype or x2.dtype
+        order, dest, offs = self.dispatch(idx, gdt)
+        token = order // k
+        x_pad = x2.new_zeros(self.buffer_len(T, gdt), c.dim).index_put((dest,), x2[token])
+        out_pad = self.experts(x_pad, offs).to(x2.dtype)
+        contrib = out_pad[dest] * weights.reshape(-1)[order].unsqueeze(-1)
+        routed = x2.new_zeros(T, c.dim).scatter_add(0, token.unsqueeze(-1).expand(-1, c.dim), contrib)
+        return (routed + self.shared(x2)).reshape(shape)
+
+
+def shard_moe(module: MoE, mesh: torch.distributed.device_mesh.DeviceMesh) -> MoE:
+    """Distribute ``module``'s parameters in place on a 2-D mesh ``("ep", "tp")``.
+
+    ==============  ===========  ===========  ==============================================
+    parameter       "ep"         "tp"         why
+    ==============  ===========  ===========  ==============================================
+    w1, w3 (E,D,H)  Shard(0)     Shard(2)     experts split over ep; hidden column-parallel
+    w2 (E,H,D)      Shard(0)     Shard(1)     hidden row-parallel: its output is Partial
+    gate (E,D)      Replicate    Replicate    every rank routes its own tokens
+    shared_w1/w3    Replicate    Shard(0)     colwise Linear (weight (H, D))
+    shared_w2       Replicate    Shard(1)     rowwise Linear (weight (D, H)) -> Partial
+    expert_bias     Replicate    Replicate    a buffer, read by every rank
+    ==============  ===========  ===========  ==============================================
+
+    Tokens are data-parallel: shard the input with ``Shard(0)`` over "ep" (``Replicate`` over "tp").
+    """
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    if mesh.ndim != 2:
+        raise ValueError(f"shard_moe needs a 2-D ('ep', 'tp') mesh, got a {mesh.ndim}-D mesh")
+    E = module.config.n_experts
+    if E % mesh.size(0):
+        raise ValueError(f"n_experts={E} must be divisible by the 'ep' mesh size {mesh.size(0)}")
+    R = Replicate()
+    plan = {
+        "w1": (Shard(0), Shard(2)),
+        "w3": (Shard(0), Shard(2)),
+        "w2": (Shard(0), Shard(1)),
+        "gate": (R, R),
+        "shared_w1": (R, Shard(0)),
+        "shared_w3": (R, Shard(0)),
+        "shared_w2": (R, Shard(1)),
+    }
+    for name, placements in plan.items():
+        p = getattr(module, name)
+        if p is None:
+            continue
+        setattr(module, name, nn.Parameter(distribute_tensor(p.detach(), mesh, placements), p.requires_grad))
+    if module.expert_bias is not None:
+        module.expert_bias = distribute_tensor(module.expert_bias, mesh, (R, R))
+    return module

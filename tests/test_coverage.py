@@ -1,0 +1,72 @@
+"""The op-coverage tool: golden table for a tiny model, ops without a rule, the CLI entry point."""
+
+from __future__ import annotations
+
+import torch
+from expecttest import TestCase
+
+import dtensor_rules  # noqa: F401
+from dtensor_rules.coverage import EXCLUDED_OPS, coverage, coverage_main, rule_source
+
+
+@torch.library.custom_op("dtensor_rules_test::mystery", mutates_args=())
+def mystery(x: torch.Tensor) -> torch.Tensor:
+    """An op DTensor knows nothing about: no rule, no decomposition."""
+    return x.sin()
+
+
+@mystery.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def uses_mystery(x: torch.Tensor) -> torch.Tensor:
+    return x * mystery(x.detach())
+
+
+def tiny_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU())
+
+
+class TestCoverageTable(TestCase):
+    def test_linear_relu_table(self) -> None:
+        report = coverage(tiny_model(), (torch.randn(6, 8),), mesh_shape=(2, 2))
+        self.assertExpectedInline(report.table(), """\
+op                               calls  rule      strategies  cost
+-------------------------------  -----  --------  ----------  ----
+aten.addmm.default               1      upstream  64          -
+aten.detach.default              2      upstream  16          -
+aten.mm.default                  2      upstream  64          -
+aten.relu.default                1      upstream  23          -
+aten.sum.dim_IntList             1      upstream  16          -
+aten.t.default                   5      upstream  16          -
+aten.threshold_backward.default  1      upstream  9           -
+aten.view.default                1      upstream  9           -
+8 ops on mesh 2x2: 0 ours, 8 upstream, 0 decomp, 0 handler, 0 none""")
+
+    def test_op_without_rule_is_none_and_listed_missing(self) -> None:
+        op = torch.ops.dtensor_rules_test.mystery.default
+        report = coverage(uses_mystery, (torch.randn(4, 4),), mesh_shape=(2,))
+        row = next(r for r in report.rows if r.op == op)
+        self.assertEqual((row.rule, row.strategies), ("none", "-"))
+        self.assertEqual(report.missing, [op])
+        self.assertEqual(rule_source(torch.ops.aten.mul.Tensor), "upstream")
+
+    def test_excluded_ops_are_not_listed(self) -> None:
+        report = coverage(tiny_model(), (torch.randn(6, 8),), mesh_shape=(2,))
+        self.assertFalse({r.op for r in report.rows} & EXCLUDED_OPS)
+        self.assertTrue(all(isinstance(r.op, torch._ops.OpOverload) for r in report.rows))
+
+
+def test_coverage_main_exits_nonzero_when_an_op_has_no_rule(capsys) -> None:
+    rc = coverage_main(["--mesh", "2"], example=lambda: (uses_mystery, (torch.randn(4, 4),)))
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "dtensor_rules_test.mystery.default" in out and "no sharding rule" in out
+
+
+def test_coverage_main_exits_zero_when_every_op_has_a_rule(capsys) -> None:
+    rc = coverage_main(["--mesh", "2x2"], example=lambda: (tiny_model(), (torch.randn(6, 8),)))
+    assert rc == 0
+    assert "0 none" in capsys.readouterr().out
