@@ -60,9 +60,10 @@ def moe_permute_indices(
           argument of ``torch._grouped_mm(x_grouped, w, offs=m_offsets)``.
 
     Use: ``x_grouped = torch.cat([x, x.new_zeros(1, x.shape[1])])[permuted_indices]``
-    (``-1`` picks the appended zero row), so padded rows multiply to zeros; after the
-    grouped matmul keep the rows with ``permuted_indices >= 0`` and scatter them back to
-    ``permuted_indices``. No device-to-host sync on any device. Raises ``ValueError``
+    (``-1`` picks the appended zero row), so the padding inside expert blocks multiplies
+    to zeros. Rows at or past ``m_offsets[-1]`` are not computed by ``_grouped_mm`` at
+    all (uninitialized memory on CPU in torch 2.13), so the combine must keep only the
+    rows with ``permuted_indices >= 0`` and scatter them back to ``permuted_indices``. No device-to-host sync on any device. Raises ``ValueError``
     for bad arguments; negative counts or blocks that overflow ``max_len`` raise on CPU
     and trip a device assert on CUDA. Under DTensor the input must be (and is made)
     Replicate; outputs are Replicate (see ``dtensor_rules/ops/moe_index.py``).
