@@ -9,8 +9,11 @@ R, R, R                     R           implied: every rank computes the whole r
                                         the whole counts (``R * E`` ints: tiny to gather)
 ==========================  ==========  ===================================================
 
-That is the only valid layout (the ground-truth validator finds no other one on 1-D and
-2-D meshes; ``tests/test_moe_index_rule.py``). Not offered, and why:
+That is the only layout valid for every input: ``tests/test_moe_index_rule.py`` runs the
+ground-truth validator on 1-D and 2-D meshes over several count vectors per shape and
+finds no other layout valid on all of them (a single degenerate sample can make one
+valid by luck, e.g. counts ``[0]``, alignment 1: Partial(min) pieces 0 and 1 pad alike).
+Not offered, and why:
 
 - counts ``S(0)``: every output depends on all counts (``m_offsets`` is a prefix sum
   over experts, each index a prefix sum over groups), and a shard has the wrong length.
