@@ -42,6 +42,14 @@ def test_make_fx_records_the_op_and_replays() -> None:
         assert torch.equal(got, want)
 
 
+def test_make_fx_symbolic_max_len_from_a_token_count() -> None:
+    counts = sample_args()[0]
+    fn = lambda x, c: moe_permute_indices(c, 4, 2, x.shape[0] + 32, 8)  # noqa: E731
+    gm = make_fx(fn, tracing_mode="symbolic")(torch.randn(15, 4), counts)
+    perm, _, offs = gm(torch.randn(20, 4), counts)  # replay with another token count
+    assert perm.shape == (52,) and offs.tolist() == [8, 16, 24, 32]
+
+
 def test_torch_compile_fullgraph() -> None:
     args = sample_args()
 

@@ -24,16 +24,19 @@ def small_case() -> st.SearchStrategy[Case]:
 
 
 def variants(case: Case) -> list[Case]:
-    """The case plus two of the same shapes with tight max_len (no slack for larger counts).
+    """The case plus same-shape variants: tight max_len (no room for larger counts) and all zeros.
 
     A rule must hold for every input, so a layout counts as valid only if the ground truth
-    accepts it on all variants: one sample can make a layout valid by luck (e.g. counts
-    ``[0]`` with alignment 1, where Partial(min) pieces 0 and 1 pad to the same size).
+    accepts it on all variants: one sample can make a layout valid by luck. With a single
+    count (E = R = 1) Partial(min)/Partial(max) pieces that stay legal counts give valid
+    results, but a Partial(min) piece can overflow a tight max_len and a Partial(max) piece
+    of a zero count can be negative, so neither holds for every input.
     """
-    a = case.alignment
-    tight = Case(tuple(a * (x % 3 + 1) for x in case.counts), case.experts_per_rank, case.num_ranks, a, 0)
-    plus = Case(tuple(x + 1 for x in case.counts), case.experts_per_rank, case.num_ranks, a, 0)
-    return [case, tight, plus]
+    a, E, R = case.alignment, case.experts_per_rank, case.num_ranks
+    tight = Case(tuple(a * (x % 3 + 1) for x in case.counts), E, R, a, 0)
+    plus = Case(tuple(x + 1 for x in case.counts), E, R, a, 0)
+    zeros = Case((0,) * len(case.counts), E, R, a, case.slack)
+    return [case, tight, plus, zeros]
 
 
 @settings(max_examples=12, deadline=None)

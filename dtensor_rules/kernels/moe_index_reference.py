@@ -45,7 +45,8 @@ def check_static_args(
     """Raise ``ValueError`` naming the problem for anything wrong that is known without the data."""
     for name, value, low in (("experts_per_rank", experts_per_rank, 1), ("num_ranks", num_ranks, 1),
                              ("alignment", alignment, 1), ("max_len", max_len, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        # SymInt: under dynamic-shape tracing max_len is often derived from a token count
+        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or value < low:
             raise ValueError(f"moe_permute_indices: {name} must be an int >= {low}, got {value!r}")
     if max_len > _INT32_MAX:
         raise ValueError(f"moe_permute_indices: max_len={max_len} does not fit the int32 index output")

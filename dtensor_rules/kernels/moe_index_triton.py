@@ -8,8 +8,10 @@ lanes. Slots never written keep ``-1`` (padding). A skewed routing (one hot expe
 still spreads over ``num_ranks`` programs.
 
 ``triton`` is optional (``pip install dtensor_rules[triton]``): importing this module
-never fails without it, :func:`triton_available` says whether the kernel can run. CUDA tensors launch the compiled kernel; CPU tensors run the same
-kernel body through Triton's interpreter (what the tests do on machines without a GPU).
+never fails without it, :func:`triton_available` says whether the kernel can run.
+CUDA tensors launch the compiled kernel (not yet run on a GPU: written and guarded, the
+tests so far are CPU-only); CPU tensors run the same kernel body through Triton's
+interpreter, which is what the tests do.
 The kernel uses no ``tl.dot``, so the interpreter's bf16-dot caveat does not apply.
 """
 
@@ -21,6 +23,14 @@ from typing import Any
 import torch
 
 from dtensor_rules.kernels.moe_index_reference import INDEX_DTYPE, check_static_args, expert_layout
+
+try:  # optional dependency: the module imports without it, triton_available() says False
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised on installs without the [triton] extra
+    triton = None
+    tl = None
+
 
 __all__ = ["triton_available", "permute_indices_triton", "scatter_group_indices"]
 
@@ -37,14 +47,6 @@ def _require_triton() -> None:
             "the Triton MoE index kernel needs triton: pip install 'dtensor_rules[triton]' "
             "(or use dtensor_rules.kernels.moe_permute_indices, which falls back to the torch reference)"
         )
-
-
-try:  # optional dependency: the module imports without it, triton_available() says False
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised on installs without the [triton] extra
-    triton = None
-    tl = None
 
 
 def _scatter_group_indices_kernel(

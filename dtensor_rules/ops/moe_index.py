@@ -19,7 +19,9 @@ Not offered, and why:
   over experts, each index a prefix sum over groups), and a shard has the wrong length.
 - counts ``P(sum/max/min)``: the outputs are not linear or monotone in the counts
   (clamp to one alignment unit, round up, prefix sums, searches); per-rank pieces of a
-  Partial count are not counts at all (they can be negative).
+  Partial count need not be counts at all. Even with a single count (E = R = 1), where
+  every output is monotone in it, a ``P(max)`` piece may be negative and a ``P(min)``
+  piece may overflow ``max_len``, so the op fails on some rank for some inputs.
 - outputs ``S(d)`` from replicated counts: the op has no "which shard" input, so each
   rank would hold the whole output, not its shard.
 
