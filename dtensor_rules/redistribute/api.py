@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode, rank_map
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
@@ -135,7 +136,10 @@ def distribute_tensor(tensor: torch.Tensor, mesh: DeviceMesh, placements: Sequen
     dst = Layout.from_placements(placements, tensor.ndim, device_order)
     meta = TensorMeta(tensor.shape, tensor.stride(), tensor.dtype)
     rep = Layout(tuple(() for _ in range(tensor.ndim)), 0, mesh.ndim, dst.reduce_op)
-    full = DTensor(tensor.detach(), _spec_for(mesh, rep, meta), requires_grad=False)
+    local = tensor.detach()
+    if enabled_local_tensor_mode() is not None and not isinstance(local, LocalTensor):
+        local = rank_map(lambda r: tensor.detach().clone())  # simulated mesh: one copy per rank
+    full = DTensor(local, _spec_for(mesh, rep, meta), requires_grad=False)
     out = _run(full, dst, None, None)
     return DTensor(out._local_tensor, out._spec, requires_grad=tensor.requires_grad)
 

@@ -74,8 +74,15 @@ class Topology:
         return Topology(tuple(reversed(bw)), tuple(reversed(lat)), base_latency, 0.0, f"node_aware({gpus_per_node}/node)")
 
     @staticmethod
-    def upstream_like(mesh_shape: Sequence[int], devices_per_host: int = 8) -> "Topology":
-        """torch's MeshTopoInfo: 87.7 GB/s, 0.6 us; dims crossing hosts 0.22x bw and 2.7 us; a2a +1 us."""
+    def upstream_like(mesh_shape: Sequence[int], devices_per_host: int | None = None, device_type: str = "cpu") -> "Topology":
+        """torch's MeshTopoInfo: 87.7 GB/s, 0.6 us; dims crossing hosts 0.22x bw and 2.7 us; a2a +1 us.
+
+        ``devices_per_host=None`` asks torch, as MeshTopoInfo does (``device_count()``: 1 on CPU).
+        """
+        if devices_per_host is None:
+            from torch.distributed.device_mesh import _mesh_resources
+
+            devices_per_host = _mesh_resources.num_devices_per_host(device_type)
         bw, lat, total = [87.7] * len(mesh_shape), [0.6] * len(mesh_shape), 1
         for m in reversed(range(len(mesh_shape))):
             total *= mesh_shape[m]
