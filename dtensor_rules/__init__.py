@@ -39,6 +39,7 @@ from dtensor_rules.registry import (  # noqa: E402
     uninstall,
 )
 from dtensor_rules import ops  # noqa: E402,F401  (registers the shipped rules)
+from dtensor_rules.redistribute import distribute_tensor, plan, redistribute  # noqa: E402,F401
 
 __version__ = "0.1.0"
 __all__ = [
