@@ -40,6 +40,7 @@ from dtensor_rules.registry import (  # noqa: E402
 )
 from dtensor_rules import ops  # noqa: E402,F401  (registers the shipped rules)
 from dtensor_rules.costs import register_flop_formulas as _register_flops  # noqa: E402
+from dtensor_rules.redistribute import distribute_tensor, plan, redistribute  # noqa: E402,F401
 
 _register_flops()  # FlopCounterMode counts ops torch prices at 0 (idempotent; costs.unregister_flop_formulas undoes it)
 

@@ -1,0 +1,159 @@
+"""Public API: ``plan``, ``redistribute``, ``distribute_tensor`` with a device order.
+
+The result DTensor's spec carries the order as upstream's ``shard_order`` (plain ``Shard``
+placements, ``use_strided_shard_as_shard_order=False``), so ``full_tensor()`` and further
+upstream redistributes see the right layout.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode, rank_map
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard, _StridedShard
+
+from dtensor_rules.redistribute.executor import execute
+from dtensor_rules.redistribute.layout import DeviceOrder, Layout
+from dtensor_rules.redistribute.planner import Plan, PlanContext, build_plan
+from dtensor_rules.redistribute.topology import Topology
+
+__all__ = ["plan", "redistribute", "distribute_tensor", "layout_of", "local_shard_offsets"]
+
+
+def _mesh_shape(mesh: DeviceMesh | Sequence[int]) -> tuple[int, ...]:
+    if isinstance(mesh, DeviceMesh):
+        return tuple(mesh.shape)
+    shape = tuple(mesh)
+    if not shape or any(not isinstance(s, int) or s < 1 for s in shape):
+        raise ValueError(f"mesh must be a DeviceMesh or a tuple of positive ints, got {mesh!r}")
+    return shape
+
+
+def _plan_layouts(mesh_shape: tuple[int, ...], shape: Sequence[int], dtype: torch.dtype, src: Layout, dst: Layout,
+                  topology: Topology | None, max_peak_bytes: int | None) -> Plan:
+    if topology is None:
+        topology = Topology.uniform(len(mesh_shape))
+    if topology.ndim != len(mesh_shape):
+        raise ValueError(f"topology has {topology.ndim} mesh dims, mesh {mesh_shape} has {len(mesh_shape)}")
+    if src.partial and dst.partial and src.reduce_op != dst.reduce_op:
+        raise ValueError(f"cannot change Partial({src.reduce_op}) into Partial({dst.reduce_op}); reduce first")
+    dropped = dst.partial & ~src.partial
+    if dropped and src.partial and src.reduce_op != dst.reduce_op:
+        raise ValueError("mixed Partial reduce ops along the way are not supported")
+    op = src.reduce_op if src.partial else dst.reduce_op
+    ctx = PlanContext(mesh_shape, tuple(shape), torch.empty((), dtype=dtype).element_size(), topology)
+    return build_plan(ctx, src.state, dst.state, op, max_peak_bytes)
+
+
+def plan(mesh: DeviceMesh | Sequence[int], shape: Sequence[int], dtype: torch.dtype,
+         src_placements: Sequence[Placement], dst_placements: Sequence[Placement], *,
+         src_device_order: DeviceOrder = None, dst_device_order: DeviceOrder = None,
+         topology: Topology | None = None, max_peak_bytes: int | None = None) -> Plan:
+    """Cheapest chain of collectives from (src placements, order) to (dst placements, order).
+
+    ``device_order[i]`` is the order rank of mesh dim ``i`` (lower splits first) or a dict
+    ``{tensor_dim: (major, ..., minor)}``. Raises ``NoPlanError`` if ``max_peak_bytes`` cannot be met.
+    """
+    mesh_shape = _mesh_shape(mesh)
+    shape = tuple(shape)
+    for name, pl in (("src_placements", src_placements), ("dst_placements", dst_placements)):
+        if len(tuple(pl)) != len(mesh_shape):
+            raise ValueError(f"{name} has {len(tuple(pl))} entries for a {len(mesh_shape)}-D mesh {mesh_shape}")
+    src = Layout.from_placements(src_placements, len(shape), src_device_order)
+    dst = Layout.from_placements(dst_placements, len(shape), dst_device_order)
+    return _plan_layouts(mesh_shape, shape, dtype, src, dst, topology, max_peak_bytes)
+
+
+def layout_of(spec: DTensorSpec) -> Layout:
+    """The (placements, order) layout a DTensorSpec describes."""
+    if any(isinstance(p, _StridedShard) for p in spec.placements):
+        raise ValueError(
+            "_StridedShard placements are not supported here (their uneven-shard semantics differ from "
+            "nested chunking); describe the order with device_order instead"
+        )
+    ndim = len(spec.shape)
+    order = {e.tensor_dim: tuple(e.mesh_dims) for e in (spec.shard_order or ())}
+    return Layout.from_placements(spec.placements, ndim, order if order else None)
+
+
+def _spec_for(mesh: DeviceMesh, layout: Layout, meta: TensorMeta) -> DTensorSpec:
+    return DTensorSpec(mesh, layout.placements, tensor_meta=meta, shard_order=layout.shard_order(),
+                       use_strided_shard_as_shard_order=False)
+
+
+def _run(x: DTensor, dst: Layout, topology: Topology | None, max_peak_bytes: int | None) -> DTensor:
+    spec = x._spec
+    src = layout_of(spec)
+    p = _plan_layouts(tuple(spec.mesh.shape), tuple(spec.shape), spec.tensor_meta.dtype, src, dst, topology, max_peak_bytes)
+    local = execute(x._local_tensor, spec.mesh, p)
+    dst = Layout(dst.orders, dst.partial, dst.mesh_ndim, p.reduce_op)
+    return DTensor(local, _spec_for(spec.mesh, dst, spec.tensor_meta), requires_grad=False)
+
+
+class _PlannedRedistribute(torch.autograd.Function):
+    """Forward runs the plan; backward runs the plan back to the input's layout (Partial -> Replicate)."""
+
+    @staticmethod
+    def forward(ctx, x: DTensor, dst: Layout, topology: Topology | None, max_peak_bytes: int | None) -> DTensor:  # type: ignore[override]
+        src = layout_of(x._spec)
+        ctx.grad_layout = Layout(src.orders, 0, src.mesh_ndim)  # gradient of a Partial input is replicated
+        ctx.topology = topology
+        out = _run(x, dst, topology, max_peak_bytes)
+        return DTensor(out._local_tensor, out._spec, requires_grad=x.requires_grad)
+
+    @staticmethod
+    def backward(ctx, grad: DTensor):  # type: ignore[override]
+        return _run(grad, ctx.grad_layout, ctx.topology, None), None, None, None
+
+
+def redistribute(dtensor: DTensor, placements: Sequence[Placement], device_order: DeviceOrder = None, *,
+                 topology: Topology | None = None, max_peak_bytes: int | None = None) -> DTensor:
+    """Redistribute ``dtensor`` to ``placements`` with ``device_order`` along the cheapest plan."""
+    if not isinstance(dtensor, DTensor):
+        raise TypeError(f"redistribute expects a DTensor, got {type(dtensor).__name__}; use distribute_tensor first")
+    mesh = dtensor.device_mesh
+    placements = tuple(placements)
+    if len(placements) != mesh.ndim:
+        raise ValueError(f"{len(placements)} placements given for a {mesh.ndim}-D mesh")
+    dst = Layout.from_placements(placements, dtensor.ndim, device_order)
+    return _PlannedRedistribute.apply(dtensor, dst, topology, max_peak_bytes)
+
+
+def distribute_tensor(tensor: torch.Tensor, mesh: DeviceMesh, placements: Sequence[Placement],
+                      device_order: DeviceOrder = None) -> DTensor:
+    """Shard a full (replicated on every rank) tensor into ``placements`` with ``device_order``.
+
+    Partial placements are made by partitioning the value (sum: rank 0 keeps it, others zero).
+    """
+    placements = tuple(placements)
+    if len(placements) != mesh.ndim:
+        raise ValueError(f"{len(placements)} placements given for a {mesh.ndim}-D mesh")
+    dst = Layout.from_placements(placements, tensor.ndim, device_order)
+    meta = TensorMeta(tensor.shape, tensor.stride(), tensor.dtype)
+    rep = Layout(tuple(() for _ in range(tensor.ndim)), 0, mesh.ndim, dst.reduce_op)
+    local = tensor.detach()
+    if enabled_local_tensor_mode() is not None and not isinstance(local, LocalTensor):
+        local = rank_map(lambda r: tensor.detach().clone())  # simulated mesh: one copy per rank
+    full = DTensor(local, _spec_for(mesh, rep, meta), requires_grad=False)
+    out = _run(full, dst, None, None)
+    return DTensor(out._local_tensor, out._spec, requires_grad=tensor.requires_grad)
+
+
+def local_shard_offsets(layout: Layout, mesh_shape: Sequence[int], shape: Sequence[int],
+                        coord: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(local shape, global offset) of the shard at mesh coordinate ``coord`` (nested chunking).
+
+    DCP's ``compute_local_shape_and_global_offset`` reads placements only and ignores
+    ``shard_order``; use this for checkpoint offsets of non-default orders.
+    """
+    sizes, offs = list(shape), [0] * len(shape)
+    for d, ms in enumerate(layout.orders):
+        for m in ms:
+            size, off = Shard.local_shard_size_and_offset(sizes[d], mesh_shape[m], coord[m])
+            sizes[d], offs[d] = size, offs[d] + off
+    return tuple(sizes), tuple(offs)

@@ -1,0 +1,111 @@
+"""Run a Plan on a local shard with torch.distributed collectives on the mesh's groups.
+
+Each plan step is lowered to single-mesh-dim primitives executed by DTensor's own placement
+methods (``Shard._to_replicate_tensor``, ``Shard._to_new_shard_dim``, ``Shard._replicate_to_shard``,
+``Partial._reduce_value`` / ``_reduce_shard_value`` / ``_partition_value``): they already pad and
+unpad uneven shards correctly for a *single* mesh dim given the per-rank logical shape, and they
+work under ``LocalTensorMode``. We reuse them instead of re-writing collectives.
+
+Flattened steps are lowered to the equivalent single-dim sequence (all_gather over a suffix =
+gathers minor-first; reduce_scatter over a group = one reduce_scatter per dim, major first;
+all_to_all over a group = gathers then local chunks). This is data-exact for uneven shards — the
+reason we do NOT use upstream's flattened post-pass, which chunks the flattened group evenly
+(``torch.chunk`` over n1*n2 pieces) and so disagrees with nested chunking on uneven sizes.
+Known gap: a flattened step therefore issues several smaller collectives at run time, not one.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.placement_types import Partial, Shard
+
+from dtensor_rules.redistribute.layout import State
+from dtensor_rules.redistribute.planner import Plan
+
+__all__ = ["execute", "lower"]
+
+
+def lower(plan: Plan) -> list[tuple]:
+    """Single-mesh-dim primitives ``(op, mesh_dim, src_dim, dst_dim, state_before)`` for a plan."""
+    prims: list[tuple] = []
+    state = plan.src
+
+    def emit(op: str, m: int, sd: int | None, dd: int | None) -> None:
+        nonlocal state
+        prims.append((op, m, sd, dd, state))
+        orders, partial = state
+        if op in ("gather", "a2a"):
+            orders = orders[:sd] + (orders[sd][:-1],) + orders[sd + 1:]
+        if op in ("a2a", "chunk", "rs"):
+            orders = orders[:dd] + (orders[dd] + (m,),) + orders[dd + 1:]
+        if op in ("reduce", "rs"):
+            partial &= ~(1 << m)
+        if op == "partition":
+            partial |= 1 << m
+        state = (orders, partial)
+
+    for s in plan.steps:
+        g = s.mesh_dims
+        if s.collective == "all_gather":
+            for m in reversed(g):
+                emit("gather", m, s.src_dim, None)
+        elif s.collective == "all_to_all":
+            if len(g) == 1:
+                emit("a2a", g[0], s.src_dim, s.dst_dim)
+            else:
+                for m in reversed(g):
+                    emit("gather", m, s.src_dim, None)
+                for m in g:
+                    emit("chunk", m, None, s.dst_dim)
+        elif s.collective == "reduce_scatter":
+            for m in g:
+                emit("rs", m, None, s.dst_dim)
+        elif s.collective == "all_reduce":
+            for m in g:
+                emit("reduce", m, None, None)
+        elif s.collective == "chunk":
+            emit("chunk", g[0], None, s.dst_dim)
+        elif s.collective == "partition":
+            emit("partition", g[0], None, None)
+        else:  # pragma: no cover - planner only emits the above
+            raise ValueError(f"unknown step {s.collective}")
+        if state != s.after:
+            raise AssertionError(f"lowering of {s} reached {state}, expected {s.after}")
+    return prims
+
+
+def _logical_shape(mesh: DeviceMesh, shape: tuple[int, ...], state: State, skip: int) -> list:
+    """Per-rank shape with every shard applied except mesh dim ``skip`` (nested, major first)."""
+    out: list = list(shape)
+    for d, ms in enumerate(state[0]):
+        for m in ms:
+            if m == skip:
+                continue
+            out[d], _ = Shard.local_shard_size_and_offset(out[d], mesh.size(m), mesh._sym_get_coordinate(m))
+    return out
+
+
+def execute(local: torch.Tensor, mesh: DeviceMesh, plan: Plan) -> torch.Tensor:
+    """Apply ``plan`` to this rank's local shard; returns the new local shard."""
+    if tuple(mesh.shape) != plan.mesh_shape:
+        raise ValueError(f"plan was made for mesh {plan.mesh_shape}, got mesh {tuple(mesh.shape)}")
+    partial = Partial(plan.reduce_op)
+    for op, m, sd, dd, state in lower(plan):
+        if mesh.size(m) == 1:
+            continue
+        if op == "gather":
+            local = Shard(sd)._to_replicate_tensor(local, mesh, m, _logical_shape(mesh, plan.shape, state, m))
+        elif op == "a2a":
+            local = Shard(sd)._to_new_shard_dim(local, mesh, m, _logical_shape(mesh, plan.shape, state, m), dd)
+        elif op == "chunk":
+            local = Shard(dd)._replicate_to_shard(local, mesh, m, mesh._sym_get_coordinate(m))
+        elif op == "rs":
+            local = partial._reduce_shard_value(local, mesh, m, Shard(dd))
+        elif op == "reduce":
+            local = partial._reduce_value(local, mesh, m)
+        elif op == "partition":
+            local = partial._partition_value(local, mesh, m)
+        if hasattr(local, "wait"):
+            local = local.wait()
+    return local
