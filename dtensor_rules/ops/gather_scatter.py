@@ -38,23 +38,27 @@ R                        R, R, R                implied
 scatter.src(self, dim, index, src) — like scatter_add's S(d) rows, plus P(sum) (P, R, P) and
 for avg/max/min self and src each R or P(op), not both R (every output element is a copy
 of one element of self or src). scatter.value(self, dim, index, value): S(d) rows, and
-P(avg/max/min) self with index R (a written scalar is the same on all ranks; P(sum) is NOT
-valid: the scalar would be summed n times).
+P(avg/max/min) self with index R (a written scalar is the same on all ranks; P(sum) only
+when the scalar is 0, otherwise it would be summed n times).
 
 scatter_reduce.two(self, dim, index, src, reduce, include_self): S(d) rows for every reduce, and
 
-=========  =======================================================  ====================================
-reduce     Partial rows                                             why
-=========  =======================================================  ====================================
-sum        as scatter_add; the (P(sum), S(dim), S(dim)) row only    include_self=False would drop the
-           with include_self=True                                   other ranks' self parts where a rank
-                                                                    writes
-mean       P(sum) (P, R, P); P(avg) each of self/src R or P(avg);   linear (floating dtypes only: integer
-           P(max)/P(min) (P, R, R)                                  mean floors); dividing by the same
-                                                                    count is monotone
-amax/amin  P(max)/P(min): self and src each R or P(op), not both R  max of maxes
-prod       none                                                     multiplicative
-=========  =======================================================  ====================================
+=====================  ========================================================  ==============================
+reduce, include_self   Partial rows ``[out, self, index, src]``                  why
+=====================  ========================================================  ==============================
+any, False             P(op), P(op), R, R for op in avg/max/min                  written positions get a value
+                                                                                 identical on all ranks
+sum, True              P(op), P(op), R, R for op in avg/max/min                  self + c: affine, monotone
+mean, True             same (avg only for floating dtypes)                       (self + c)/(k+1): affine,
+                                                                                 monotone
+amax/amin, True        P(max) and P(min), self P, R, R                           max(self, c) is monotone
+prod, True             P(sum) and P(avg), self P, R, R                           self * c is linear
+sum; mean (floats)     P(sum): P, R, P;  P(avg): P(avg)|R, R, P(avg)             jointly linear in (self, src)
+amax / amin            P(max)/P(min): P(op)|R, R, P(op)                          a max of maxes
+sum, True              P(sum), P(sum), S(dim), S(dim)                            each rank folds its rows of
+amax/amin, True        P(op), P(op)|R, S(dim), S(dim)                            src into its self part; the
+                       (only if index.size(dim) == src.size(dim))                fold is associative
+=====================  ========================================================  ==============================
 
 Not offered anywhere: the indexed dim of self sharded (index values are global
 coordinates), index Partial (indices are not additive), sharding d with unequal sizes.
@@ -187,16 +191,38 @@ def scatter_src_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
     return [_with_out(r, kwargs) for r in rows]
 
 
+def _is_zero(value: Any) -> bool:
+    try:
+        return bool(value == 0)
+    except Exception:  # a symbolic scalar: do not assume
+        return False
+
+
 @register(SCATTER_VALUE)
 def scatter_value_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
     """Equal-size dims shard together; a written scalar survives mean/max/min, not sum."""
     self_m, index_m = metas(args)[:2]
     dim = normalize_dim(args[1], len(self_m.shape))
     rows = _shard_rows(dim, 2, self_m.shape, index_m.shape)
-    for reduce_op in partial_ops([self_m.dtype], ("avg", "max", "min")):
+    value = args[3] if len(args) > 3 else (kwargs or {}).get("value")
+    # writing 0 is the one case P(sum) survives: n copies of 0 sum to 0
+    reduce_ops = ("sum", "avg", "max", "min") if _is_zero(value) else ("avg", "max", "min")
+    for reduce_op in partial_ops([self_m.dtype], reduce_ops):
         P = Partial(reduce_op)
         rows.append([P, P, R])
     return [_with_out(r, kwargs) for r in rows]
+
+
+# scatter_reduce with index and src replicated is a pointwise map of self: identity where nothing
+# is written, and where something is written a constant c (include_self=False) or g(self, c).
+# Which Partial of self survives depends on g: linear -> sum/avg, affine -> avg, monotone -> max/min.
+_SELF_ONLY_OPS = {
+    ("sum", True): ("avg", "max", "min"),  # self + c: affine and monotone
+    ("mean", True): ("avg", "max", "min"),  # (self + c) / (k + 1); avg needs floats (checked below)
+    ("amax", True): ("max", "min"),  # max(self, c): monotone
+    ("amin", True): ("max", "min"),
+    ("prod", True): ("sum", "avg"),  # self * c: linear, not monotone (c may be negative)
+}
 
 
 @register(SCATTER_REDUCE)
@@ -205,16 +231,38 @@ def scatter_reduce_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
     self_m, index_m, src_m, dim = _scatter_parts(args)
     kw = kwargs or {}
     reduce = args[4] if len(args) > 4 else kw["reduce"]
-    include_self = args[5] if len(args) > 5 else kw.get("include_self", True)
+    include_self = bool(args[5] if len(args) > 5 else kw.get("include_self", True))
     rows = _shard_rows(dim, 3, self_m.shape, index_m.shape, src_m.shape)
-    dtypes = [self_m.dtype, src_m.dtype]
-    if reduce == "sum":
-        rows += _add_partial_rows(dim, self_m, index_m, src_m, index_sharded=bool(include_self))
-    elif reduce == "mean" and all(d.is_floating_point for d in dtypes):
-        rows += _add_partial_rows(dim, self_m, index_m, src_m, index_sharded=False)
-    elif reduce in ("amax", "amin"):
-        reduce_op = "max" if reduce == "amax" else "min"
-        if reduce_op in partial_ops(dtypes):
+    floating = self_m.dtype.is_floating_point and src_m.dtype.is_floating_point
+    allowed = partial_ops([self_m.dtype, src_m.dtype])
+    # self Partial, src replicated: see _SELF_ONLY_OPS; include_self=False writes constants
+    self_only = _SELF_ONLY_OPS.get((reduce, include_self), ("avg", "max", "min"))
+    for reduce_op in self_only:
+        if reduce_op in allowed and not (reduce == "mean" and reduce_op == "avg" and not floating):
             P = Partial(reduce_op)
-            rows += [[P, s, R, x] for s, x in _either_partial(P)]
+            rows.append([P, P, R, R])
+    # src Partial too: jointly linear (sum, float mean) or a max of maxes (amax/amin)
+    if reduce in ("sum", "mean") and (reduce == "sum" or floating):
+        if "sum" in allowed:
+            P = Partial("sum")
+            rows.append([P, P, R, P])
+        if "avg" in allowed:
+            A = Partial("avg")
+            rows += [[A, A, R, A], [A, R, R, A]]
+    if reduce in ("amax", "amin"):
+        reduce_op = "max" if reduce == "amax" else "min"
+        if reduce_op in allowed:
+            P = Partial(reduce_op)
+            rows += [[P, P, R, P], [P, R, R, P]]
+    # index and src sharded on dim: each rank folds its rows of src into its part of self;
+    # only when self is folded in (include_self) and the fold is associative across ranks
+    if include_self and _index_sharded_sum_row(dim, self_m, index_m, src_m):
+        S = _ShardingPlaceholder(dim)
+        if reduce == "sum" and "sum" in allowed:
+            rows.append([Partial("sum"), Partial("sum"), S, S])
+        if reduce in ("amax", "amin"):
+            reduce_op = "max" if reduce == "amax" else "min"
+            if reduce_op in allowed:
+                P = Partial(reduce_op)
+                rows += [[P, P, S, S], [P, R, S, S]]
     return [_with_out(r, kwargs) for r in rows]
