@@ -46,6 +46,8 @@ S(dim)                             S(dim), S(dim)                              s
 R                                  R, R                                        implied
 =================================  ==========================================  ==============================================
 
+src is cast to self's dtype; when that truncates (float src, integer self) src may not be
+P(sum)/P(avg) (truncating each part is not truncating the sum); max/min survive (monotone).
 Not valid in general: the slice dim of self sharded (each rank would apply the *global*
 start/end/step to its local chunk); self and src on different dims; P(sum) with one
 operand replicated (unless the slice is empty/full as above).
@@ -156,20 +158,28 @@ def slice_scatter_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
             strategies.append(row(S, S, S))
     R: Placement = Replicate()
     ops = partial_ops([self_m.dtype, src_m.dtype])
+    # src is cast to self's dtype: float -> integer truncates, which is monotone (max/min
+    # survive) but not linear (a Partial(sum) src would be truncated part by part)
+    truncating = src_m.dtype.is_floating_point and not self_m.dtype.is_floating_point
+    src_ops = tuple(o for o in ops if not (truncating and o in ("sum", "avg")))
     for reduce_op in ops:
         P = Partial(reduce_op)
-        strategies.append(row(P, P, P))
+        if reduce_op in src_ops:
+            strategies.append(row(P, P, P))
         if reduce_op != "sum":
-            strategies += [row(P, P, R), row(P, R, P)]
+            strategies.append(row(P, P, R))
+            if reduce_op in src_ops:
+                strategies.append(row(P, R, P))
     # an empty slice leaves self untouched (src may be laid out any way); a full slice
     # returns src (self may be laid out any way): the ignored operand is free
-    kept = [R] + [Partial(o) for o in ops]
-    for passed in kept:
-        for ignored in kept:
-            if passed == ignored or (passed == R and ignored == R):
-                continue  # already emitted above, or the implied all-Replicate
-            if full:
-                strategies.append(row(passed, ignored, passed))
-            if empty:
+    self_kept = [R] + [Partial(o) for o in ops]
+    src_kept = [R] + [Partial(o) for o in src_ops]
+    for passed in self_kept:
+        for ignored in src_kept:
+            if empty and passed != ignored and not (passed == R and ignored == R):
                 strategies.append(row(passed, passed, ignored))
+    for passed in src_kept:
+        for ignored in self_kept:
+            if full and passed != ignored and not (passed == R and ignored == R):
+                strategies.append(row(passed, ignored, passed))
     return strategies
