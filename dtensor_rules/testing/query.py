@@ -16,7 +16,7 @@ import torch
 from torch._ops import OpOverload
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, TupleStrategy
+from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, RuntimeSchemaInfo, TupleStrategy
 from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder, _SingleDimStrategyInfo
 from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
@@ -47,6 +47,27 @@ def _num_outputs(op: OpOverload) -> int:
 def _schema_with(sample: Sample, per_tensor: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     it = iter(per_tensor)
     return pytree.tree_map(lambda x: next(it) if isinstance(x, torch.Tensor) else x, (sample.args, sample.kwargs))
+
+
+def _strategy_schema(op: OpOverload, sample: Sample, per_tensor: Sequence[OpStrategy]) -> OpSchema:
+    """The OpSchema dispatch would build: tensor lists become TupleStrategy (as in
+    ``ShardingPropagator._wrap_with_op_strategy``) and are flattened by ``needs_pytree``."""
+    args, kwargs = _schema_with(sample, per_tensor)
+
+    def wrap(x: Any) -> Any:
+        if isinstance(x, (list, tuple)) and x and all(isinstance(c, OpStrategy) for c in x):
+            return TupleStrategy(list(x))
+        return x
+
+    has_list = any(isinstance(a, (list, tuple)) for a in list(args) + list(kwargs.values()))
+    if not has_list:
+        return OpSchema(op, args, kwargs)
+    return OpSchema(
+        op,
+        tuple(wrap(a) for a in args),
+        {k: wrap(v) for k, v in kwargs.items()},
+        schema_info=RuntimeSchemaInfo(needs_pytree=True),
+    )
 
 
 def _input_strategies(mesh: DeviceMesh, tensors: Sequence[torch.Tensor], all_candidates: bool) -> list[OpStrategy]:
@@ -94,8 +115,7 @@ def emitted_combos(kind: str, fn: Any, op: OpOverload, sample: Sample, mesh: Dev
         replicate = [Replicate()] * width
         if not any(all(isinstance(p, Replicate) or p is None for p in s) for s in filled):
             filled.insert(0, replicate)
-        args, kwargs = _schema_with(sample, _input_strategies(mesh, tensors, all_candidates=False))
-        schema = OpSchema(op, args, kwargs)
+        schema = _strategy_schema(op, sample, _input_strategies(mesh, tensors, all_candidates=False))
         strategy = expand_to_full_mesh_op_strategy(
             mesh,
             schema,
@@ -105,8 +125,7 @@ def emitted_combos(kind: str, fn: Any, op: OpOverload, sample: Sample, mesh: Dev
             allow_uneven_sharding=info.allow_uneven_sharding,
         )
     elif kind == "op_strategy":
-        args, kwargs = _schema_with(sample, _input_strategies(mesh, tensors, all_candidates=True))
-        strategy = fn(OpSchema(op, args, kwargs))
+        strategy = fn(_strategy_schema(op, sample, _input_strategies(mesh, tensors, all_candidates=True)))
     else:
         raise ValueError(f"cannot query a rule of kind {kind!r}")
     return _combos_from(strategy, n_out)

@@ -247,7 +247,7 @@ def run_ranks(
                 local_input(t, pl, mesh_shape, c, tensor_salt(salt, i))
                 for i, (t, pl) in enumerate(zip(tensors, input_placements))
             ]
-        except ValueError as e:
+        except (ValueError, IndexError) as e:  # IndexError: a Shard dim past the tensor's ndim
             return f"cannot lay out inputs: {e}"
         args, kwargs = sample.replace_tensors(local)
         try:

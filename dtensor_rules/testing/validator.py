@@ -172,15 +172,21 @@ def _shardable(t: torch.Tensor, pl: NDPlacement, mesh_shape: Sequence[int]) -> b
     shards = [1] * t.ndim
     for size, p in zip(mesh_shape, pl):
         if isinstance(p, Shard):
+            if not 0 <= p.dim < t.ndim:
+                return False  # a Shard dim past the tensor's ndim cannot be laid out
             shards[p.dim] *= size
-    return all(t.shape[d] >= shards[d] for d in range(t.ndim))
+    # an unsharded dim is fine at any size, 0 included (empty tensors are legal inputs)
+    return all(shards[d] == 1 or t.shape[d] >= shards[d] for d in range(t.ndim))
 
 
 def _normalize(combo: Combo, in_shapes: Sequence[torch.Size], out_shapes: Sequence[torch.Size]) -> Combo:
     """Shard on a size-1 dim behaves like Replicate; count them once."""
 
     def norm(pl: NDPlacement, shape: torch.Size) -> NDPlacement:
-        return tuple(Replicate() if isinstance(p, Shard) and shape[p.dim] == 1 else p for p in pl)
+        # a Shard dim past the tensor's ndim (a rule bug) stays as is and is judged invalid
+        return tuple(
+            Replicate() if isinstance(p, Shard) and p.dim < len(shape) and shape[p.dim] == 1 else p for p in pl
+        )
 
     ins, outs = combo
     return (

@@ -1,0 +1,268 @@
+"""``aten.gather``, ``aten.scatter_add``, ``aten.scatter`` (src/value) and ``aten.scatter_reduce.two``.
+
+Notation: ``dim`` is the indexed dim; an element at position p of ``index`` reads (gather) or
+writes (scatter) the element of self at p with coordinate ``dim`` replaced by ``index[p]``. On
+every other dim d the coordinate is taken *as is*, which is why sharding d is only valid when
+all operands have the same size on d (their chunks then start at the same global offsets);
+index may be smaller than self/src on any dim, and then sharding that dim is NOT offered.
+
+gather(self, dim, index) — ``[out, self, index]`` (+ ``out=``):
+
+=======================  =====================  ==========================================================
+out                      self, index            why it is valid
+=======================  =====================  ==========================================================
+S(d), d != dim           S(d), S(d)             only if self.size(d) == index.size(d): chunks line up
+S(dim)                   R, S(dim)              out has index's shape; each rank looks up its index rows in
+                                                the whole self (out rows along dim follow index rows)
+P(op), op in sum/avg/    P(op), R               linear in self; each output is a copy of one self element,
+max/min                                         so max/min commute with it
+R                        R, R                   implied
+=======================  =====================  ==========================================================
+
+scatter_add(self, dim, index, src) — ``[out, self, index, src]`` (also ``scatter_add_``, ``.out``):
+
+=======================  =====================  ==========================================================
+out                      self, index, src       why it is valid
+=======================  =====================  ==========================================================
+S(d), d != dim           S(d), S(d), S(d)       only if self, index and src have equal size on d
+P(sum)                   P(sum), R, P(sum)      linear in (self, src) jointly
+P(sum)                   P(sum), S(dim), S(dim) only if index.size(dim) == src.size(dim): each rank adds
+                                                its rows of src into its part of self; summing the parts
+                                                adds every src row exactly once (the MoE combine pattern)
+P(avg)                   P(avg)|R, R, P(avg)|R  affine: the mean of a replicated operand is itself
+                         (not both R)
+P(max) / P(min)          P(op), R, R            out = self + c with c identical on all ranks: monotone
+R                        R, R, R                implied
+=======================  =====================  ==========================================================
+
+scatter.src(self, dim, index, src) — like scatter_add's S(d) rows, plus P(sum) (P, R, P) and
+for avg/max/min self and src each R or P(op), not both R (every output element is a copy
+of one element of self or src). scatter.value(self, dim, index, value): S(d) rows, and
+P(avg/max/min) self with index R (a written scalar is the same on all ranks; P(sum) only
+when the scalar is 0, otherwise it would be summed n times).
+
+scatter_reduce.two(self, dim, index, src, reduce, include_self): S(d) rows for every reduce, and
+
+=====================  ========================================================  ==============================
+reduce, include_self   Partial rows ``[out, self, index, src]``                  why
+=====================  ========================================================  ==============================
+any, False             P(op), P(op), R, R for op in avg/max/min                  written positions get a value
+                                                                                 identical on all ranks
+sum, True              P(op), P(op), R, R for op in avg/max/min                  self + c: affine, monotone
+mean, True             same (avg only for floating dtypes)                       (self + c)/(k+1): affine,
+                                                                                 monotone
+amax/amin, True        P(max) and P(min), self P, R, R                           max(self, c) is monotone
+prod, True             P(sum) and P(avg), self P, R, R                           self * c is linear
+sum; mean (floats)     P(sum): P, R, P;  P(avg): P(avg)|R, R, P(avg)             jointly linear in (self, src)
+amax / amin            P(max)/P(min): P(op)|R, R, P(op)                          a max of maxes
+sum, True              P(sum), P(sum), S(dim), S(dim)                            each rank folds its rows of
+amax/amin, True        P(op), P(op)|R, S(dim), S(dim)                            src into its self part; the
+                       (only if index.size(dim) == src.size(dim))                fold is associative
+=====================  ========================================================  ==============================
+
+Not offered anywhere: the indexed dim of self sharded (index values are global
+coordinates), index Partial (indices are not additive), sharding d with unequal sizes.
+Upstream torch 2.13 has no Partial strategy for any of these, and its scatter_add checks
+only self vs index sizes (src larger than index on d is sharded wrongly).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from torch.distributed.tensor.placement_types import Partial, Placement, Replicate
+
+from dtensor_rules.ops._common import PlacementOrHole, metas, normalize_dim
+from dtensor_rules.ops._partial import partial_ops
+from dtensor_rules.registry import register
+
+aten = torch.ops.aten
+GATHER = [aten.gather.default, aten.gather.out]
+SCATTER_ADD = [aten.scatter_add.default, aten.scatter_add_.default, aten.scatter_add.out]
+SCATTER_SRC = [aten.scatter.src, aten.scatter_.src, aten.scatter.src_out]
+SCATTER_VALUE = [aten.scatter.value, aten.scatter_.value, aten.scatter.value_out]
+SCATTER_REDUCE = [aten.scatter_reduce.two, aten.scatter_reduce_.two, aten.scatter_reduce.two_out]
+
+Row = list[PlacementOrHole]
+R: Placement = Replicate()
+
+
+def _with_out(row: Row, kwargs: Any) -> Row:
+    """``.out`` variants: the ``out=`` tensor (last in pytree order) is laid out like the result."""
+    return row + [row[0]] if isinstance(kwargs, dict) and "out" in kwargs else row
+
+
+def _equal_size_dims(dim: int, *shapes: Any) -> list[int]:
+    """Dims d != dim on which every operand has the same size (all operands same ndim)."""
+    ndims = {len(s) for s in shapes}
+    if len(ndims) != 1:
+        return []
+    ndim = ndims.pop()
+    return [d for d in range(ndim) if d != dim and len({s[d] for s in shapes}) == 1]
+
+
+def _shard_rows(dim: int, n_tensors: int, *shapes: Any) -> list[Row]:
+    rows = []
+    for d in _equal_size_dims(dim, *shapes):
+        S = _ShardingPlaceholder(d)
+        rows.append([S] * (1 + n_tensors))
+    return rows
+
+
+def _either_partial(P: Placement) -> list[tuple[Placement, Placement]]:
+    """(self, src) pairs where each is P or R, not both R."""
+    return [(P, P), (P, R), (R, P)]
+
+
+@register(GATHER)
+def gather_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
+    """Equal-size dims shard together; index sharded on dim with self replicated; self Partial."""
+    self_m, index_m = metas(args)[:2]
+    dim = normalize_dim(args[1], len(self_m.shape))
+    rows = _shard_rows(dim, 2, self_m.shape, index_m.shape)
+    if len(index_m.shape) == len(self_m.shape) and len(index_m.shape) > 0:
+        S = _ShardingPlaceholder(dim)
+        rows.append([S, R, S])
+    for reduce_op in partial_ops([self_m.dtype]):
+        P = Partial(reduce_op)
+        rows.append([P, P, R])
+    return [_with_out(r, kwargs) for r in rows]
+
+
+def _scatter_parts(args: Any) -> tuple[Any, Any, Any, int]:
+    ms = metas(args)
+    self_m, index_m = ms[0], ms[1]
+    src_m = ms[2]
+    dim = normalize_dim(args[1], len(self_m.shape))
+    return self_m, index_m, src_m, dim
+
+
+def _index_sharded_sum_row(dim: int, self_m: Any, index_m: Any, src_m: Any) -> list[Row]:
+    """(P(sum), P(sum), S(dim), S(dim)): each rank scatters its rows of src; valid if index/src rows align."""
+    if (
+        len(index_m.shape) == len(src_m.shape) == len(self_m.shape) > 0
+        and index_m.shape[dim] == src_m.shape[dim]
+    ):
+        P, S = Partial("sum"), _ShardingPlaceholder(dim)
+        return [[P, P, S, S]]
+    return []
+
+
+@register(SCATTER_ADD)
+def scatter_add_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
+    """Equal-size dims shard together; linear in (self, src); index-sharded rows sum into P(sum)."""
+    self_m, index_m, src_m, dim = _scatter_parts(args)
+    rows = _shard_rows(dim, 3, self_m.shape, index_m.shape, src_m.shape)
+    rows += _add_partial_rows(dim, self_m, index_m, src_m, index_sharded=True)
+    return [_with_out(r, kwargs) for r in rows]
+
+
+def _add_partial_rows(dim: int, self_m: Any, index_m: Any, src_m: Any, index_sharded: bool) -> list[Row]:
+    rows: list[Row] = []
+    ops = partial_ops([self_m.dtype, src_m.dtype])
+    if "sum" in ops:
+        P = Partial("sum")
+        rows.append([P, P, R, P])
+        if index_sharded:
+            rows += _index_sharded_sum_row(dim, self_m, index_m, src_m)
+    if "avg" in ops:
+        A = Partial("avg")
+        rows += [[A, s, R, x] for s, x in _either_partial(A)]
+    for reduce_op in ("max", "min"):
+        if reduce_op in ops:
+            P = Partial(reduce_op)
+            rows.append([P, P, R, R])
+    return rows
+
+
+@register(SCATTER_SRC)
+def scatter_src_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
+    """Equal-size dims shard together; every output element copies one self/src element."""
+    self_m, index_m, src_m, dim = _scatter_parts(args)
+    rows = _shard_rows(dim, 3, self_m.shape, index_m.shape, src_m.shape)
+    for reduce_op in partial_ops([self_m.dtype, src_m.dtype]):
+        P = Partial(reduce_op)
+        if reduce_op == "sum":
+            rows.append([P, P, R, P])
+        else:
+            rows += [[P, s, R, x] for s, x in _either_partial(P)]
+    return [_with_out(r, kwargs) for r in rows]
+
+
+def _is_zero(value: Any) -> bool:
+    try:
+        return bool(value == 0)
+    except Exception:  # a symbolic scalar: do not assume
+        return False
+
+
+@register(SCATTER_VALUE)
+def scatter_value_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
+    """Equal-size dims shard together; a written scalar survives mean/max/min, not sum."""
+    self_m, index_m = metas(args)[:2]
+    dim = normalize_dim(args[1], len(self_m.shape))
+    rows = _shard_rows(dim, 2, self_m.shape, index_m.shape)
+    value = args[3] if len(args) > 3 else (kwargs or {}).get("value")
+    # writing 0 is the one case P(sum) survives: n copies of 0 sum to 0
+    reduce_ops = ("sum", "avg", "max", "min") if _is_zero(value) else ("avg", "max", "min")
+    for reduce_op in partial_ops([self_m.dtype], reduce_ops):
+        P = Partial(reduce_op)
+        rows.append([P, P, R])
+    return [_with_out(r, kwargs) for r in rows]
+
+
+# scatter_reduce with index and src replicated is a pointwise map of self: identity where nothing
+# is written, and where something is written a constant c (include_self=False) or g(self, c).
+# Which Partial of self survives depends on g: linear -> sum/avg, affine -> avg, monotone -> max/min.
+_SELF_ONLY_OPS = {
+    ("sum", True): ("avg", "max", "min"),  # self + c: affine and monotone
+    ("mean", True): ("avg", "max", "min"),  # (self + c) / (k + 1); avg needs floats (checked below)
+    ("amax", True): ("max", "min"),  # max(self, c): monotone
+    ("amin", True): ("max", "min"),
+    ("prod", True): ("sum", "avg"),  # self * c: linear, not monotone (c may be negative)
+}
+
+
+@register(SCATTER_REDUCE)
+def scatter_reduce_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
+    """Equal-size dims shard together; Partial rows per reduce mode (see the module table)."""
+    self_m, index_m, src_m, dim = _scatter_parts(args)
+    kw = kwargs or {}
+    reduce = args[4] if len(args) > 4 else kw["reduce"]
+    include_self = bool(args[5] if len(args) > 5 else kw.get("include_self", True))
+    rows = _shard_rows(dim, 3, self_m.shape, index_m.shape, src_m.shape)
+    floating = self_m.dtype.is_floating_point and src_m.dtype.is_floating_point
+    allowed = partial_ops([self_m.dtype, src_m.dtype])
+    # self Partial, src replicated: see _SELF_ONLY_OPS; include_self=False writes constants
+    self_only = _SELF_ONLY_OPS.get((reduce, include_self), ("avg", "max", "min"))
+    for reduce_op in self_only:
+        if reduce_op in allowed and not (reduce == "mean" and reduce_op == "avg" and not floating):
+            P = Partial(reduce_op)
+            rows.append([P, P, R, R])
+    # src Partial too: jointly linear (sum, float mean) or a max of maxes (amax/amin)
+    if reduce in ("sum", "mean") and (reduce == "sum" or floating):
+        if "sum" in allowed:
+            P = Partial("sum")
+            rows.append([P, P, R, P])
+        if "avg" in allowed:
+            A = Partial("avg")
+            rows += [[A, A, R, A], [A, R, R, A]]
+    if reduce in ("amax", "amin"):
+        reduce_op = "max" if reduce == "amax" else "min"
+        if reduce_op in allowed:
+            P = Partial(reduce_op)
+            rows += [[P, P, R, P], [P, R, R, P]]
+    # index and src sharded on dim: each rank folds its rows of src into its part of self;
+    # only when self is folded in (include_self) and the fold is associative across ranks
+    if include_self and _index_sharded_sum_row(dim, self_m, index_m, src_m):
+        S = _ShardingPlaceholder(dim)
+        if reduce == "sum" and "sum" in allowed:
+            rows.append([Partial("sum"), Partial("sum"), S, S])
+        if reduce in ("amax", "amin"):
+            reduce_op = "max" if reduce == "amax" else "min"
+            if reduce_op in allowed:
+                P = Partial(reduce_op)
+                rows += [[P, P, S, S], [P, R, S, S]]
+    return [_with_out(r, kwargs) for r in rows]

@@ -1,0 +1,185 @@
+"""``aten.cat`` and ``aten.slice_scatter``: ops that place whole blocks of their inputs into the output.
+
+Both are *linear in all tensor inputs jointly* and every output element is a copy of
+exactly one input element (a *selection*), which is what lets Partial placements pass.
+
+``cat(tensors, dim)`` — strategies per mesh dim, ``[out, t_1, ..., t_n]`` (+ ``out=``):
+
+=================================  ==========================================  ==============================================
+out                                inputs                                      why it is valid
+=================================  ==========================================  ==============================================
+S(d), d != cat dim                 every input S(d)                            all inputs have equal size on d, so their
+                                                                               chunks on d line up with the output's chunks
+S(cat dim)                         every input S(cat dim)                      only when at most ONE input is non-empty on the
+                                                                               cat dim: the output *is* that input (else the
+                                                                               local cats interleave the inputs)
+P(sum)                             every input P(sum)                          linear: sum_r cat(x_r) = cat(sum_r x_r)
+P(avg) / P(max) / P(min)           every input P(op)                           linear / a selection commutes with max, min
+P(avg) / P(max) / P(min)           one input P(op), the others R               mean, max, min of a replicated value is itself
+R                                  every input R                               implied
+=================================  ==========================================  ==============================================
+
+Legacy empty inputs (shape ``(0,)``, which cat skips) are Replicate in every row: they
+contribute nothing, so any layout of them is equivalent. Partial rows are offered only for
+reduce ops all input dtypes (and the promoted output dtype) support (no bool; avg needs floats).
+Valid but not emitted: P(avg/max/min) with two or more (but not all) inputs Partial and the
+rest Replicate — there are 2^n of them; dispatch reaches them by redistributing one operand.
+Not valid: the cat dim sharded with two non-empty inputs; P(sum) mixed with R (the
+replicated operand would be summed n times).
+
+``slice_scatter(self, src, dim, start, end, step)`` — ``[out, self, src]`` (+ ``out=``):
+
+=================================  ==========================================  ==============================================
+out                                self, src                                   why it is valid
+=================================  ==========================================  ==============================================
+S(d), d != slice dim               S(d), S(d)                                  self and src have equal sizes on every d != dim,
+                                                                               so rows line up; the slice is along another dim
+P(sum)                             P(sum), P(sum)                              linear in (self, src) jointly
+P(avg) / P(max) / P(min)           P(op), P(op) | P(op), R | R, P(op)          each output element is a copy of one element of
+                                                                               self or src: mean/max/min of a replicated
+                                                                               operand is itself
+X in {R, P(op)}                    X, any of R/P(op')                          slice is EMPTY: out == self whatever src holds
+X in {R, P(op)}                    any of R/P(op'), X                          slice is FULL (covers all of dim, step 1):
+                                                                               out == src whatever self holds
+S(dim)                             S(dim), S(dim)                              slice is FULL: out == src, and the local slice
+                                                                               [start:end] clamps to the whole local shard
+R                                  R, R                                        implied
+=================================  ==========================================  ==============================================
+
+src is cast to self's dtype; when that truncates (float src, integer self) src may not be
+P(sum)/P(avg) (truncating each part is not truncating the sum); max/min survive (monotone).
+Not valid in general: the slice dim of self sharded (each rank would apply the *global*
+start/end/step to its local chunk); self and src on different dims; P(sum) with one
+operand replicated (unless the slice is empty/full as above).
+Upstream torch 2.13: cat offers one follow-the-exemplar strategy per input layout with no
+Partial max/min mixing and no cat-dim case; slice_scatter forces src to follow self, drops
+tensor_meta on inputs and never lets Partial through.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from torch.distributed.tensor.placement_types import Partial, Placement, Replicate
+
+from dtensor_rules.ops._common import PlacementOrHole, metas, normalize_dim
+from dtensor_rules.ops._partial import partial_ops
+from dtensor_rules.registry import register
+
+aten = torch.ops.aten
+CAT = [aten.cat.default, aten.cat.out]
+SLICE_SCATTER = [aten.slice_scatter.default, aten.slice_scatter.out]
+
+Row = list[PlacementOrHole]
+
+
+def _with_out(row: Row, kwargs: Any) -> Row:
+    """``.out`` variants: the ``out=`` tensor (last in pytree order) is laid out like the result."""
+    return row + [row[0]] if isinstance(kwargs, dict) and "out" in kwargs else row
+
+
+def _is_legacy_empty(shape: Any) -> bool:
+    """cat skips 1-D tensors with no elements, whatever the other inputs' ndim."""
+    return len(shape) == 1 and shape[0] == 0
+
+
+@register(CAT)
+def cat_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
+    """Non-cat dims shard together; all-Partial passes; the cat dim only if one input is non-empty."""
+    tensors = list(args[0])
+    dim_arg = args[1] if len(args) > 1 else (kwargs or {}).get("dim", 0)
+    real = [i for i, t in enumerate(tensors) if not _is_legacy_empty(t.shape)]
+    if not real:
+        return []  # every input is a legacy empty tensor: only the implied all-Replicate
+    ndim = len(tensors[real[0]].shape)
+    cat_dim = normalize_dim(dim_arg, ndim)
+    n = len(tensors)
+    R = Replicate()
+
+    def row(out: PlacementOrHole, per_input: dict[int, PlacementOrHole]) -> Row:
+        return _with_out([out] + [per_input.get(i, R) for i in range(n)], kwargs)
+
+    strategies: list[Row] = []
+    for d in range(ndim):
+        if d == cat_dim:
+            non_empty = [i for i in real if tensors[i].shape[cat_dim] != 0]
+            if len(non_empty) > 1:
+                continue
+        S = _ShardingPlaceholder(d)
+        strategies.append(row(S, {i: S for i in real}))
+    out_dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        out_dtype = torch.promote_types(out_dtype, t.dtype)
+    for reduce_op in partial_ops([tensors[i].dtype for i in real] + [out_dtype]):
+        P = Partial(reduce_op)
+        strategies.append(row(P, {i: P for i in real}))
+        if reduce_op != "sum" and len(real) > 1:
+            strategies += [row(P, {i: P}) for i in real]
+    return strategies
+
+
+def slice_length(size: int, start: int | None, end: int | None, step: int) -> tuple[int, int]:
+    """(first index, number of elements) of ``x[start:end:step]`` along a dim of ``size``.
+
+    torch clamps out-of-range bounds exactly like Python slicing (step must be positive).
+    """
+    if step <= 0:
+        raise ValueError(f"slice step must be positive, got {step}")
+    lo, hi, st = slice(start, end, step).indices(size)
+    return lo, len(range(lo, hi, st))
+
+
+@register(SLICE_SCATTER)
+def slice_scatter_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
+    """Shard dims other than the slice dim together; Partial passes (linear, a selection)."""
+    self_m, src_m = metas(args)[:2]
+    names = ("dim", "start", "end", "step")
+    defaults = (0, None, None, 1)
+    kw = kwargs or {}
+    dim, start, end, step = (
+        args[2 + i] if len(args) > 2 + i else kw.get(name, default) for i, (name, default) in enumerate(zip(names, defaults))
+    )
+    ndim = len(self_m.shape)
+    dim = normalize_dim(dim, ndim)
+    size = self_m.shape[dim] if ndim else 1
+    first, length = slice_length(size, start, end, step)
+    empty = length == 0
+    full = length == size and step == 1 and first == 0
+
+    def row(out: PlacementOrHole, s: PlacementOrHole, src: PlacementOrHole) -> Row:
+        return _with_out([out, s, src], kwargs)
+
+    strategies: list[Row] = []
+    for d in range(ndim):
+        if d != dim or full:
+            S = _ShardingPlaceholder(d)
+            strategies.append(row(S, S, S))
+    R: Placement = Replicate()
+    ops = partial_ops([self_m.dtype, src_m.dtype])
+    # src is cast to self's dtype: float -> integer truncates, which is monotone (max/min
+    # survive) but not linear (a Partial(sum) src would be truncated part by part)
+    truncating = src_m.dtype.is_floating_point and not self_m.dtype.is_floating_point
+    src_ops = tuple(o for o in ops if not (truncating and o in ("sum", "avg")))
+    for reduce_op in ops:
+        P = Partial(reduce_op)
+        if reduce_op in src_ops:
+            strategies.append(row(P, P, P))
+        if reduce_op != "sum":
+            strategies.append(row(P, P, R))
+            if reduce_op in src_ops:
+                strategies.append(row(P, R, P))
+    # an empty slice leaves self untouched (src may be laid out any way); a full slice
+    # returns src (self may be laid out any way): the ignored operand is free
+    self_kept = [R] + [Partial(o) for o in ops]
+    src_kept = [R] + [Partial(o) for o in src_ops]
+    for passed in self_kept:
+        for ignored in src_kept:
+            if empty and passed != ignored and not (passed == R and ignored == R):
+                strategies.append(row(passed, passed, ignored))
+    for passed in src_kept:
+        for ignored in self_kept:
+            if full and passed != ignored and not (passed == R and ignored == R):
+                strategies.append(row(passed, ignored, passed))
+    return strategies
