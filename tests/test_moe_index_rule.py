@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _moe_index_cases import Case, cases, oracle
+from tests._moe_index_cases import Case, cases, oracle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor

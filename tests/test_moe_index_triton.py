@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("triton", reason="the Triton MoE index kernel needs the optional extra: pip install '.[triton]'")
 
 import torch  # noqa: E402
-from _moe_index_cases import Case, cases, oracle  # noqa: E402
+from tests._moe_index_cases import Case, cases, oracle  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
