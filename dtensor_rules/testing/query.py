@@ -16,7 +16,7 @@ import torch
 from torch._ops import OpOverload
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, TupleStrategy
+from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, RuntimeSchemaInfo, TupleStrategy
 from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder, _SingleDimStrategyInfo
 from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
@@ -95,7 +95,7 @@ def emitted_combos(kind: str, fn: Any, op: OpOverload, sample: Sample, mesh: Dev
         if not any(all(isinstance(p, Replicate) or p is None for p in s) for s in filled):
             filled.insert(0, replicate)
         args, kwargs = _schema_with(sample, _input_strategies(mesh, tensors, all_candidates=False))
-        schema = OpSchema(op, args, kwargs)
+        schema = OpSchema(op, args, kwargs, schema_info=_pytree_info(sample))
         strategy = expand_to_full_mesh_op_strategy(
             mesh,
             schema,
@@ -106,10 +106,19 @@ def emitted_combos(kind: str, fn: Any, op: OpOverload, sample: Sample, mesh: Dev
         )
     elif kind == "op_strategy":
         args, kwargs = _schema_with(sample, _input_strategies(mesh, tensors, all_candidates=True))
-        strategy = fn(OpSchema(op, args, kwargs))
+        strategy = fn(OpSchema(op, args, kwargs, schema_info=_pytree_info(sample)))
     else:
         raise ValueError(f"cannot query a rule of kind {kind!r}")
     return _combos_from(strategy, n_out)
+
+
+def _pytree_info(sample: Sample) -> RuntimeSchemaInfo | None:
+    """Tensors inside list args (index tensors, tensor lists) only count as inputs with needs_pytree, as in dispatch."""
+    nested = any(
+        isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in a)
+        for a in list(sample.args) + list(sample.kwargs.values())
+    )
+    return RuntimeSchemaInfo(needs_pytree=True) if nested else None
 
 
 def _combos_from(strategy: Any, n_out: int) -> set[Combo]:
