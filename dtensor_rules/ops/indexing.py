@@ -203,6 +203,12 @@ def _values_placement(lay: IndexLayout, values: TensorMeta, result_dim: int) -> 
     return _ShardingPlaceholder(k)
 
 
+def _same(p: PlacementOrHole, q: PlacementOrHole) -> bool:
+    if isinstance(p, _ShardingPlaceholder) or isinstance(q, _ShardingPlaceholder):
+        return type(p) is type(q) and p.dim == q.dim  # type: ignore[union-attr]
+    return p == q
+
+
 def _mask_strategies(lay: IndexLayout, values: TensorMeta, row: Any) -> list[list[PlacementOrHole]]:
     """A mask's dims may be split together with self's dims under it, when the written value is the same
     for every selected coordinate (values broadcast along the mask's nonzero dim, other index tensors too):
@@ -262,5 +268,5 @@ def index_put_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOr
         else:  # max/min with accumulate: only a rank-invariant addend commutes with max
             strategies.append(row(P, P, [R] * n_idx, R))
     if inplace:
-        strategies = [s for s in strategies if s[0] == s[1]]
+        strategies = [s for s in strategies if _same(s[0], s[1])]
     return strategies
