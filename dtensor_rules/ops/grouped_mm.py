@@ -76,8 +76,14 @@ def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(torch.empty(tuple(shape), device="meta").stride())
 
 
-def operand_ok(meta: TensorMeta, placements: Sequence[Placement], mesh_shape: Sequence[int]) -> bool:
-    """True if every rank's local operand passes the kernel's stride check, kept or redistributed."""
+def operand_ok(
+    meta: TensorMeta, placements: Sequence[Placement], mesh_shape: Sequence[int], current: Sequence[Placement]
+) -> bool:
+    """True if every rank's local operand passes the kernel's stride check.
+
+    Without redistribution (``placements == current``) the kernel gets the global strides cut to
+    the local shape; after one it gets a contiguous shard (checked too: conservative either way).
+    """
     shard_pl = [p if isinstance(p, Shard) else Replicate() for p in placements]
     seen: set[tuple[int, ...]] = set()
     for coord in itertools.product(*(range(s) for s in mesh_shape)):
@@ -87,7 +93,8 @@ def operand_ok(meta: TensorMeta, placements: Sequence[Placement], mesh_shape: Se
             continue
         seen.add(local)
         kept = compute_local_stride(meta.stride, local)
-        for stride in (kept, _contiguous_stride(local)):
+        layouts = [kept] if tuple(placements) == tuple(current) else [kept, _contiguous_stride(local)]
+        for stride in layouts:
             if not kernel_accepts_layout(local, stride, meta.dtype.itemsize):
                 return False
     return True
@@ -122,6 +129,13 @@ def _meta(strategy: Any) -> TensorMeta:
     return spec.tensor_meta
 
 
+def _current(strategy: Any, ndim: int) -> tuple[Placement, ...]:
+    """The operand's placement as it arrives (dispatch passes exactly one spec per input; a query
+    listing several candidates is answered as for replicated inputs)."""
+    specs = strategy.strategies
+    return tuple(specs[0].output_spec.placements) if len(specs) == 1 else (Replicate(),) * ndim
+
+
 def output_meta(a: TensorMeta, b: TensorMeta, offs: TensorMeta | None, out_dtype: torch.dtype | None) -> TensorMeta:
     """The global output meta, from torch's own shape logic for grouped mm."""
     from torch._meta_registrations import _create_grouped_mm_output_tensor
@@ -146,18 +160,23 @@ def grouped_mm_strategy(op_schema: OpSchema) -> OpStrategy:
         rows = [[Replicate()] * (len(rows[0]) + 1)]
     out_dtype = _arg(op_schema, 4, "out_dtype")
 
-    def aligned(input_specs: list[DTensorSpec], output_specs: Any) -> bool:
-        return operand_ok(a, input_specs[0].placements, mesh.shape) and operand_ok(b, input_specs[1].placements, mesh.shape)
+    a_now, b_now = _current(a_s, mesh.ndim), _current(b_s, mesh.ndim)
 
-    return expand_to_full_mesh_op_strategy(
-        mesh,
-        op_schema,
-        rows,
-        output_tensor_meta=output_meta(a, b, offs, out_dtype),
-        input_index=1,
-        allow_uneven_sharding=True,
+    def aligned(input_specs: list[DTensorSpec], output_specs: Any) -> bool:
+        return operand_ok(a, input_specs[0].placements, mesh.shape, a_now) and operand_ok(
+            b, input_specs[1].placements, mesh.shape, b_now
+        )
+
+    out_meta = output_meta(a, b, offs, out_dtype)
+    strategy = expand_to_full_mesh_op_strategy(
+        mesh, op_schema, rows, output_tensor_meta=out_meta, input_index=1, allow_uneven_sharding=True,
         is_valid_strategy_cb=aligned,
     )
+    if not strategy.strategies:  # nothing the kernel accepts: all-Replicate, so torch raises its own stride error
+        strategy = expand_to_full_mesh_op_strategy(
+            mesh, op_schema, rows[:1], output_tensor_meta=out_meta, input_index=1, allow_uneven_sharding=True
+        )
+    return strategy
 
 
 # --------------------------------------------------------------------------- meta fallback for DTensor
@@ -196,15 +215,18 @@ def install_meta_fallback() -> None:
     def propagate(op_schema: OpSchema) -> Any:
         try:
             return original(op_schema)
-        except RuntimeError:
+        except RuntimeError as err:
             if op_schema.op is not GROUPED_MM:
                 raise
             specs = [_arg(op_schema, i, n) for i, n in enumerate(("self", "mat2", "offs", "bias"))]
             metas = [s.tensor_meta if isinstance(s, DTensorSpec) else None for s in specs]
             a, b, offs, bias = metas
             out_dtype = _arg(op_schema, 4, "out_dtype")
-            if a is None or b is None or a.dtype == torch.bfloat16 or cpu_kernel_check(a, b, offs, bias, out_dtype):
+            if a is None or b is None or a.dtype == torch.bfloat16:
                 raise
+            reason = cpu_kernel_check(a, b, offs, bias, out_dtype)
+            if reason is not None:  # the kernel's own objection, not the meta kernel's dtype restriction
+                raise RuntimeError(f"aten._grouped_mm: {reason}") from err
             return output_meta(a, b, offs, out_dtype)
 
     prop._propagate_tensor_meta_non_cached = propagate
