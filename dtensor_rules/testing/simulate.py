@@ -102,7 +102,8 @@ def local_input(
     for mesh_dim, p in enumerate(placements):
         if isinstance(p, Partial):
             value = split_partial(value, p.reduce_op, mesh_shape[mesh_dim], coord[mesh_dim], salt + 7 * mesh_dim)
-    return _slice(value, placements, mesh_shape, coord).contiguous()
+    # keep the memory layout (a column-major weight stays column-major), as DTensor does without redistribution
+    return _slice(value, placements, mesh_shape, coord).clone(memory_format=torch.preserve_format)
 
 
 def _slice(t: torch.Tensor, placements: NDPlacement, mesh_shape: Sequence[int], coord: Sequence[int]) -> torch.Tensor:
