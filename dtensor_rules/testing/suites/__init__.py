@@ -27,7 +27,7 @@ def suite(*ops: OpOverload) -> Callable[[Callable[[], Samples]], Callable[[], Sa
 
 
 def _load() -> None:
-    from dtensor_rules.testing.suites import pointwise  # noqa: F401
+    from dtensor_rules.testing.suites import counting, pointwise, scan, sorting  # noqa: F401
 
 
 def suites() -> dict[OpOverload, Callable[[], Samples]]:
