@@ -21,7 +21,10 @@ from dtensor_rules.testing.simulate import coords, local_input
 def dtensor(full: torch.Tensor, mesh: DeviceMesh, placements: Sequence[Placement], salt: int = 1) -> DTensor:
     """``full`` laid out as ``placements``: uneven shards, asymmetric Partial contributions."""
     mesh_shape = tuple(mesh.shape)
-    per_rank = {r: local_input(full, tuple(placements), mesh_shape, c, salt) for r, c in enumerate(coords(mesh_shape))}
+    per_rank = {
+        r: local_input(full, tuple(placements), mesh_shape, c, salt).clone()  # never a view of `full`
+        for r, c in enumerate(coords(mesh_shape))
+    }
     return DTensor.from_local(
         LocalTensor(per_rank), mesh, tuple(placements), run_check=False, shape=full.shape, stride=full.stride()
     )

@@ -1,4 +1,4 @@
-"""Sample suites for cumsum: Partial-carrying dtypes, int promotion, dtype=."""
+"""Sample suites for cumsum: Partial-carrying dtypes, int promotion, dtype=, in place."""
 
 from __future__ import annotations
 
@@ -25,4 +25,14 @@ def cumsum_samples() -> Samples:
         ((torch.randn(6, 3, generator=g), 0), {"dtype": torch.float64}),  # wider result
         ((torch.randint(0, 4, (5, 3), generator=g), 0), {"dtype": torch.float32}),  # int -> float
         ((torch.randn(3, 5, generator=g).double(), 1), {"dtype": torch.float32}),  # narrower result
+    ]
+
+
+@suite(aten.cumsum_.default)
+def cumsum_inplace_samples() -> Samples:
+    g = _g(11)
+    return [
+        ((torch.randn(5, 3, generator=g), 0), {}),
+        ((torch.randint(-3, 4, (4, 5), generator=g, dtype=torch.int32), 1), {}),  # int32 in place: exact
+        ((torch.randn(4, 6, generator=g).to(torch.bfloat16), -1), {}),
     ]
