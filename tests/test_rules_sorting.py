@@ -29,7 +29,7 @@ from dtensor_rules.testing.validator import _pstr, format_combo
 aten = torch.ops.aten
 MESHES = [(2,), (4,), (2, 2), (2, 4), (2, 2, 2)]
 DTYPES = [torch.float32, torch.bfloat16, torch.int64]
-PROFILE = settings(max_examples=12, deadline=None)
+PROFILE = settings(max_examples=20, deadline=None)
 
 
 @st.composite

@@ -40,6 +40,7 @@ R                      R, R             implied
   not cast additively. bf16 / fp16 weights: a Partial's value is the sum of its parts ROUNDED to
   bf16; carrying the parts into float64 gives the unrounded sum, off by a bf16 rounding that the
   float64 result exposes (the same reason cumsum keeps no Partial into a wider float).
+- an empty ``self`` returns int64 zeros whatever the weights: no Partial (a float -> int map).
 - Upstream torch 2.13 has no bincount rule. Note that DTensor dispatch of bincount fails before
   any rule is consulted: its output shape is data-dependent and DTensor computes output metadata
   with fake tensors (``DynamicOutputShapeException``); the rule is validated by simulation.
@@ -88,8 +89,11 @@ def histc_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole
     ]
 
 
-def bincount_dtype(weights_dtype: torch.dtype) -> torch.dtype:
-    """bincount counts float32 / float64 weights in their own dtype, every other dtype in float64."""
+def bincount_dtype(weights_dtype: torch.dtype, self_numel: int) -> torch.dtype:
+    """bincount counts float32 / float64 weights in their own dtype, every other dtype in float64;
+    an empty ``self`` gives int64 zeros whatever the weights (a torch quirk)."""
+    if self_numel == 0:
+        return torch.int64
     return weights_dtype if weights_dtype in (torch.float32, torch.float64) else torch.float64
 
 
@@ -100,7 +104,7 @@ def bincount_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrH
     if weights is None:
         return []
     rows = []
-    for reduce_op in linear_partials(weights.dtype, bincount_dtype(weights.dtype)):
+    for reduce_op in linear_partials(weights.dtype, bincount_dtype(weights.dtype, numel(args[0].shape))):
         p = Partial(reduce_op)
         rows.append(row(op, args, kwargs, [p], {"self": Replicate(), "weights": p, "out": p}))
     return rows
