@@ -151,6 +151,20 @@ def test_dtensor_argsort_stable_token_permutation() -> None:
     torch.testing.assert_close(got[1], torch.argsort(expert_ids, dim=0, stable=True))
 
 
+def test_dtensor_argsort_under_inference_mode_uses_the_argsort_rule() -> None:
+    """Under inference mode DTensor dispatches argsort itself (not its sort decomposition)."""
+    from torch.distributed.tensor import DTensor
+
+    expert_ids = torch.randint(0, 4, (9, 3), generator=torch.Generator().manual_seed(1))
+    prop = DTensor._op_dispatcher.sharding_propagator
+    with simulated_mesh((2,)) as mesh, torch.inference_mode():
+        perm = torch.argsort(dtensor(expert_ids, mesh, [Shard(1)]), dim=0, stable=True)
+        got = perm.placements, full(perm)
+    assert aten.argsort.stable in prop.op_single_dim_strategy_funcs
+    assert got[0] == (Shard(1),)
+    torch.testing.assert_close(got[1], torch.argsort(expert_ids, dim=0, stable=True))
+
+
 def test_dtensor_sort_out_variant() -> None:
     x = torch.randn(5, 4, generator=torch.Generator().manual_seed(2))
     with simulated_mesh((2,)) as mesh:

@@ -28,8 +28,9 @@ Ties: all strategies above hand each rank whole slices, so a rank runs exactly t
 computation on each slice; which of several equal elements comes first depends only on the slice.
 ``topk(sorted=False)`` returns an implementation-defined order; it is still a per-slice function.
 
-``argsort`` is CompositeImplicitAutograd: DTensor normally sees the ``sort`` it decomposes into.
-The rule is registered for it anyway (same semantics) for callers that dispatch it directly.
+``argsort`` is CompositeImplicitAutograd: with autograd on, DTensor sees the ``sort`` it
+decomposes into; under ``torch.inference_mode()`` DTensor receives ``argsort`` itself and uses
+this rule (upstream has none and falls back to decomposing).
 Upstream torch 2.13 reads ``dim`` only positionally (``topk(x, k, dim=0)`` passed by keyword is
 treated as ``dim=-1``, so it offers S(0) for a top-k along dim 0: a wrong result) and has no rule
 for the out variants or argsort.
