@@ -151,16 +151,29 @@ def test_dtensor_argsort_stable_token_permutation() -> None:
     torch.testing.assert_close(got[1], torch.argsort(expert_ids, dim=0, stable=True))
 
 
-def test_dtensor_argsort_under_inference_mode_uses_the_argsort_rule() -> None:
+def test_dtensor_argsort_under_inference_mode_uses_the_argsort_rule(monkeypatch) -> None:
     """Under inference mode DTensor dispatches argsort itself (not its sort decomposition)."""
-    from torch.distributed.tensor import DTensor
+    import dataclasses
 
-    expert_ids = torch.randint(0, 4, (9, 3), generator=torch.Generator().manual_seed(1))
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
     prop = DTensor._op_dispatcher.sharding_propagator
+    info = prop.op_single_dim_strategy_funcs[aten.argsort.stable]
+    calls = []
+
+    def counting(op, args, kwargs):
+        calls.append(op)
+        return info.func(op, args, kwargs)
+
+    monkeypatch.setitem(prop.op_single_dim_strategy_funcs, aten.argsort.stable, dataclasses.replace(info, func=counting))
+    _clear_sharding_prop_cache()
+    expert_ids = torch.randint(0, 4, (9, 3), generator=torch.Generator().manual_seed(1))
     with simulated_mesh((2,)) as mesh, torch.inference_mode():
         perm = torch.argsort(dtensor(expert_ids, mesh, [Shard(1)]), dim=0, stable=True)
         got = perm.placements, full(perm)
-    assert aten.argsort.stable in prop.op_single_dim_strategy_funcs
+    _clear_sharding_prop_cache()
+    assert calls == [aten.argsort.stable]
     assert got[0] == (Shard(1),)
     torch.testing.assert_close(got[1], torch.argsort(expert_ids, dim=0, stable=True))
 
