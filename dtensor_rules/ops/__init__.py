@@ -1,3 +1,14 @@
 """Op-family rule modules. Importing this package registers every shipped rule."""
 
-from dtensor_rules.ops import fma, gather_scatter, grouped_mm, indexing, moe_index, slicing, softmax  # noqa: F401
+from dtensor_rules.ops import (  # noqa: F401
+    counting,
+    fma,
+    gather_scatter,
+    grouped_mm,
+    indexing,
+    moe_index,
+    scan,
+    slicing,
+    softmax,
+    sorting,
+)

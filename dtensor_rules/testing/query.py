@@ -93,9 +93,13 @@ def _no_mixed_partial(pl: Sequence[Placement]) -> bool:
 
 
 def _out_meta(op: OpOverload, sample: Sample) -> Any:
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
 
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            out = op(*sample.args, **sample.kwargs)
+    except DynamicOutputShapeException:
+        # data-dependent output shape (bincount, nonzero, ...): the sample holds real data
         out = op(*sample.args, **sample.kwargs)
     if isinstance(out, torch.Tensor):
         return tensor_meta(out)

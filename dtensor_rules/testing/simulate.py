@@ -247,8 +247,8 @@ def run_ranks(
     per_rank: list[list[torch.Tensor]] = []
     for c in coords(mesh_shape):
         try:
-            local = [
-                local_input(t, pl, mesh_shape, c, tensor_salt(salt, i))
+            local = [  # cloned: a shard can be a view of the sample, which an in-place op would overwrite
+                local_input(t, pl, mesh_shape, c, tensor_salt(salt, i)).clone()
                 for i, (t, pl) in enumerate(zip(tensors, input_placements))
             ]
         except (ValueError, IndexError) as e:  # IndexError: a Shard dim past the tensor's ndim

@@ -133,7 +133,9 @@ class _Oracle:
         for k in (0, 1, 2):
             v = sample.variant(k)
             try:
-                truth = as_outputs(op(*v.args, **v.kwargs))
+                # on copies: an in-place / out= op must not overwrite the sample the ranks are cut from
+                args, kwargs = v.replace_tensors([t.clone() for t in v.tensors()])
+                truth = as_outputs(op(*args, **kwargs))
             except Exception:
                 if k == 0:
                     raise

@@ -27,7 +27,16 @@ def suite(*ops: OpOverload) -> Callable[[Callable[[], Samples]], Callable[[], Sa
 
 
 def _load() -> None:
-    from dtensor_rules.testing.suites import gather_scatter, grouped_mm, indexing, pointwise, slicing  # noqa: F401
+    from dtensor_rules.testing.suites import (  # noqa: F401
+        counting,
+        gather_scatter,
+        grouped_mm,
+        indexing,
+        pointwise,
+        scan,
+        slicing,
+        sorting,
+    )
 
 
 def suites() -> dict[OpOverload, Callable[[], Samples]]:

@@ -1,0 +1,110 @@
+"""``aten.histc`` and ``aten.bincount``: counting ops (tokens per expert in an MoE router).
+
+histc(self, bins, min, max) -- per mesh dim ([out, self] (+ out= for ``.out``)):
+
+=====================  ===============  ============================================================
+out                    self             why it is valid
+=====================  ===============  ============================================================
+P(sum)                 S(d), any d      a histogram with FIXED bin edges is a sum over elements of
+                                        one-hot bin indicators, so it splits over any partition of
+                                        the elements: sum_i histc(x_i) = histc(x). Offered only when
+                                        ``min != max`` and numel(self) <= the dtype's exact integer
+                                        range (2**8 bf16, 2**11 fp16, 2**24 fp32, 2**53 fp64)
+R                      R                implied
+=====================  ===============  ============================================================
+
+- ``min == max`` (the default 0, 0 included) means "use the data's own min and max": each rank
+  would bin its shard with its own range, so only R is valid.
+- counts beyond the dtype's exact integer range are rounded, and single-device torch rounds them
+  differently (bf16 histc of 1000 equal values gives 512); below it every count, per rank and
+  summed, is an exact integer, so the sharded result equals single-device bit for bit.
+- no Partial input: bin membership is not linear in the values.
+
+bincount(self, weights=None, minlength=0) -- per mesh dim ([out, self, weights] (+ out=)):
+
+=====================  ===============  ============================================================
+out                    self, weights    why it is valid
+=====================  ===============  ============================================================
+P(sum)                 R, P(sum)        linear in weights: out[b] = sum_j w_j [self_j == b], and
+                                        the length max(max(self) + 1, minlength) depends on self
+                                        only, which every rank holds whole. float32 / float64
+                                        weights only (see below)
+P(avg)                 R, P(avg)        idem for the mean
+R                      R, R             implied
+=====================  ===============  ============================================================
+
+- self sharded (with or without weights): every rank's output has length
+  max(max(local self) + 1, minlength), which differs between ranks unless ``minlength`` exceeds
+  the data's max: a property of the data, not of the arguments, so it cannot be offered.
+- other weight dtypes are counted in float64. Integer weights: a wrapped-around int Partial does
+  not cast additively. bf16 / fp16 weights: a Partial's value is the sum of its parts ROUNDED to
+  bf16; carrying the parts into float64 gives the unrounded sum, off by a bf16 rounding that the
+  float64 result exposes (the same reason cumsum keeps no Partial into a wider float).
+- an empty ``self`` returns int64 zeros whatever the weights: no Partial (a float -> int map).
+- Upstream torch 2.13 has no bincount rule. Note that DTensor dispatch of bincount fails before
+  any rule is consulted: its output shape is data-dependent and DTensor computes output metadata
+  with fake tensors (``DynamicOutputShapeException``); the rule is validated by simulation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from torch.distributed.tensor.placement_types import Partial, Replicate
+
+from dtensor_rules.ops._common import PlacementOrHole, numel
+from dtensor_rules.ops._schema_args import row, schema_arg
+from dtensor_rules.ops.scan import linear_partials
+from dtensor_rules.registry import register
+
+aten = torch.ops.aten
+HISTC = [aten.histc.default, aten.histc.out]
+BINCOUNT = [aten.bincount.default, aten.bincount.out]
+
+
+def exact_count_limit(dtype: torch.dtype) -> int:
+    """Largest n such that every integer in [0, n] is exactly representable in ``dtype``."""
+    if not dtype.is_floating_point:
+        return 0
+    return round(2 / torch.finfo(dtype).eps)  # 2 ** (mantissa bits + 1)
+
+
+def _scalar(x: Any) -> float:
+    return float(x.item() if hasattr(x, "item") else x)
+
+
+@register(HISTC)
+def histc_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
+    """Fixed bin edges (min != max): any input dim sharded -> P(sum) counts; else replicate only."""
+    self_meta = args[0]
+    lo, hi = _scalar(schema_arg(op, args, kwargs, "min")), _scalar(schema_arg(op, args, kwargs, "max"))
+    if lo == hi or numel(self_meta.shape) > exact_count_limit(self_meta.dtype):
+        return []
+    total = Partial("sum")
+    return [
+        row(op, args, kwargs, [total], {"self": _ShardingPlaceholder(d), "out": total})
+        for d in range(len(self_meta.shape))
+    ]
+
+
+def bincount_dtype(weights_dtype: torch.dtype, self_numel: int) -> torch.dtype:
+    """bincount counts float32 / float64 weights in their own dtype, every other dtype in float64;
+    an empty ``self`` gives int64 zeros whatever the weights (a torch quirk)."""
+    if self_numel == 0:
+        return torch.int64
+    return weights_dtype if weights_dtype in (torch.float32, torch.float64) else torch.float64
+
+
+@register(BINCOUNT)
+def bincount_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
+    """Replicated self; Partial(sum/avg) floating weights give a Partial(sum/avg) histogram."""
+    weights = schema_arg(op, args, kwargs, "weights")
+    if weights is None:
+        return []
+    rows = []
+    for reduce_op in linear_partials(weights.dtype, bincount_dtype(weights.dtype, numel(args[0].shape))):
+        p = Partial(reduce_op)
+        rows.append(row(op, args, kwargs, [p], {"self": Replicate(), "weights": p, "out": p}))
+    return rows

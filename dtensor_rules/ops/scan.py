@@ -1,0 +1,94 @@
+"""``aten.cumsum`` (and ``cumsum_``, ``cumsum.out``): inclusive prefix sum along ``dim``.
+
+Strategies, per mesh dim ([out, self] (+ out= for ``.out``); ``cumsum_`` writes into self):
+
+=====================  ===============  ============================================================
+out                    self             why it is valid
+=====================  ===============  ============================================================
+S(d), d != dim         S(d)             each 1-D slice along ``dim`` is scanned on its own; ranks
+                                        hold whole slices
+P(sum)                 P(sum)           cumsum is linear: sum_i cumsum(x_i) = cumsum(sum_i x_i).
+                                        Offered when the result dtype equals the input dtype (for
+                                        integers that is exact modular arithmetic) or both are
+                                        floating with the result no more precise than the input
+                                        (equal up to float rounding, as any reordered sum)
+P(avg)                 P(avg)           linear maps commute with the mean; floating in and out only
+R                      R                implied
+=====================  ===============  ============================================================
+
+Not offered, and why (each is wrong for some input):
+
+- ``dim`` sharded: later shards need the running total of earlier ones (a carry across ranks).
+- P(max) / P(min): a prefix sum is not monotone in the max sense (cumsum([3, -5]) = [3, -2],
+  cumsum([0, 0]) = [0, 0]: the max of the parts' cumsums is [3, 0], cumsum of their max is [3, -2]).
+- Partial into a MORE precise float (``cumsum(x_fp32, dtype=float64)``, bf16 -> fp32): a Partial
+  input's value is the reduction of its parts rounded to the input dtype; carrying the parts
+  through gives the unrounded sum, off by one input-dtype rounding, which the wider result exposes.
+- P(sum) when the result dtype differs from an integer input's (``int32 -> int64`` is the default
+  promotion, or ``dtype=`` given): DTensor's int Partial sums wrap modulo 2**32 (or 2**8 ...), but
+  cumsum in a wider type of each part does not, so the parts' sums differ from the true result
+  whenever a part overflowed the narrow type; an int -> float cast is not additive under wraparound
+  either, and a float -> int cast truncates (not additive: trunc(0.5) + trunc(0.5) != trunc(1.0)).
+
+Upstream torch 2.13 offers only S(d) for ``cumsum.default`` (no Partial at all, so a P(sum) input
+is all-gathered first) and has no rule for ``cumsum_`` / ``cumsum.out``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from torch.distributed.tensor.placement_types import Partial
+
+from dtensor_rules.ops._common import PlacementOrHole, normalize_dim
+from dtensor_rules.ops._schema_args import row, schema_arg
+from dtensor_rules.registry import register
+
+aten = torch.ops.aten
+CUMSUM = [aten.cumsum.default, aten.cumsum.out, aten.cumsum_.default]
+
+
+def cumsum_result_dtype(op: Any, self_dtype: torch.dtype, dtype: torch.dtype | None, out_dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype the op's result is stored in (what a Partial output would be reduced in)."""
+    if op is aten.cumsum_.default:
+        return self_dtype  # the result is written back into self
+    if out_dtype is not None:
+        return out_dtype
+    if dtype is not None:
+        return dtype
+    if self_dtype == torch.bool or not (self_dtype.is_floating_point or self_dtype.is_complex):
+        return torch.int64  # integral inputs accumulate in int64
+    return self_dtype
+
+
+def linear_partials(in_dtype: torch.dtype, out_dtype: torch.dtype) -> list[str]:
+    """The Partial reduce ops a linear map from ``in_dtype`` to ``out_dtype`` carries through."""
+    if in_dtype == torch.bool or out_dtype == torch.bool:
+        return []
+    in_float, out_float = in_dtype.is_floating_point, out_dtype.is_floating_point
+    if in_float and out_float and torch.finfo(out_dtype).eps >= torch.finfo(in_dtype).eps:
+        return ["sum", "avg"]
+    if in_dtype == out_dtype and not in_dtype.is_complex:
+        return ["sum"]  # integers: exact modular arithmetic
+    return []
+
+
+@register(CUMSUM)
+def cumsum_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
+    """Shard any dim but ``dim``; Partial(sum/avg) passes through where the dtypes keep it linear."""
+    self_meta = args[0]
+    ndim = len(self_meta.shape)
+    dim = normalize_dim(schema_arg(op, args, kwargs, "dim"), ndim)
+    out_meta = kwargs.get("out")
+    result = cumsum_result_dtype(
+        op, self_meta.dtype, schema_arg(op, args, kwargs, "dtype"), out_meta.dtype if out_meta is not None else None
+    )
+
+    def r(p: PlacementOrHole) -> list[PlacementOrHole]:
+        return row(op, args, kwargs, [p], {"self": p, "out": p})
+
+    rows = [r(_ShardingPlaceholder(d)) for d in range(ndim) if d != dim]
+    rows += [r(Partial(reduce_op)) for reduce_op in linear_partials(self_meta.dtype, result)]
+    return rows
