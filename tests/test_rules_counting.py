@@ -12,7 +12,7 @@ from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlacehold
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
 import dtensor_rules  # noqa: F401  (installs the rules)
-from _dtensor_e2e import dtensor, full
+from dtensor_rules.testing.dispatch import full_value, to_dtensor
 from dtensor_rules.registry import get_rule
 from dtensor_rules.testing import check_rule, check_samples, simulated_mesh
 from dtensor_rules.testing.query import tensor_meta
@@ -86,8 +86,8 @@ def test_histc_min_equal_max_nonzero_is_replicate_only() -> None:
 def test_dtensor_histc_tokens_per_expert() -> None:
     expert_ids = torch.randint(0, 8, (9, 2), generator=torch.Generator().manual_seed(0)).float()
     with simulated_mesh((2, 2)) as mesh:
-        counts = torch.histc(dtensor(expert_ids, mesh, [Shard(0), Shard(1)]), bins=8, min=0, max=7)
-        got = counts.placements, full(counts)
+        counts = torch.histc(to_dtensor(expert_ids, mesh, [Shard(0), Shard(1)]), bins=8, min=0, max=7)
+        got = counts.placements, full_value(counts)
     assert got[0] == (Partial("sum"), Partial("sum"))  # no all-gather of the ids
     torch.testing.assert_close(got[1], torch.histc(expert_ids, 8, 0, 7))
 
@@ -96,8 +96,8 @@ def test_dtensor_histc_tokens_per_expert() -> None:
 def test_dtensor_histc_data_range_matches_single_device(lo_hi) -> None:
     x = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 2.5])
     with simulated_mesh((2,)) as mesh:
-        counts = torch.histc(dtensor(x, mesh, [Shard(0)]), 4, *lo_hi)
-        got = counts.placements, full(counts)
+        counts = torch.histc(to_dtensor(x, mesh, [Shard(0)]), 4, *lo_hi)
+        got = counts.placements, full_value(counts)
     assert got[0] == (Replicate(),)
     torch.testing.assert_close(got[1], torch.histc(x, 4, *lo_hi))
 
@@ -106,8 +106,8 @@ def test_dtensor_histc_bf16_beyond_exact_counts_is_not_partial() -> None:
     """300 equal bf16 values: counts past 256 are not exact in bf16, so no P(sum) is offered."""
     x = torch.zeros(300, dtype=torch.bfloat16)
     with simulated_mesh((2,)) as mesh:
-        counts = torch.histc(dtensor(x, mesh, [Shard(0)]), 1, -1, 1)
-        got = counts.placements, full(counts)
+        counts = torch.histc(to_dtensor(x, mesh, [Shard(0)]), 1, -1, 1)
+        got = counts.placements, full_value(counts)
     assert got[0] == (Replicate(),)
     torch.testing.assert_close(got[1], torch.histc(x, 1, -1, 1))
 
@@ -117,7 +117,7 @@ def test_dtensor_bincount_is_blocked_before_any_rule() -> None:
     give bincount's data-dependent shape; our rule is validated by simulation instead."""
     ids = torch.tensor([0, 3, 1, 1, 2])
     with simulated_mesh((2,)) as mesh, pytest.raises(RuntimeError) as info:
-        torch.bincount(dtensor(ids, mesh, [Replicate()]))
+        torch.bincount(to_dtensor(ids, mesh, [Replicate()]))
     assert isinstance(info.value.__cause__, DynamicOutputShapeException), info.value
 
 

@@ -15,7 +15,7 @@ import dtensor_rules  # noqa: F401  (installs our rules and the meta fallback)
 from dtensor_rules.ops.grouped_mm import GROUPED_MM, kernel_accepts_layout
 from dtensor_rules.testing import check_rule, check_samples, simulated_mesh
 from dtensor_rules.testing.suites import samples_for
-from index_gmm_helpers import strategy_table
+from dtensor_rules.testing.tables import strategy_table
 
 MESHES = [(2,), (4,), (2, 2), (2, 4), (2, 2, 2)]
 EXAMPLES = {(2,): 10, (4,): 8, (2, 2): 5, (2, 4): 2, (2, 2, 2): 2}

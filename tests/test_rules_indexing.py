@@ -16,7 +16,8 @@ from torch.distributed.tensor.experimental import implicit_replication
 import dtensor_rules  # noqa: F401  (installs our rules)
 from dtensor_rules.testing import check_rule, check_samples, simulated_mesh
 from dtensor_rules.testing.suites import samples_for
-from index_gmm_helpers import idx, strategy_table
+from dtensor_rules.testing.tables import strategy_table
+from tests._index_helpers import idx
 
 aten = torch.ops.aten
 # small meshes get more examples; (2, 4) and the 3-D mesh are costly to validate, so fewer

@@ -11,7 +11,7 @@ from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlacehold
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
 import dtensor_rules  # noqa: F401  (installs the rules)
-from _dtensor_e2e import dtensor, full
+from dtensor_rules.testing.dispatch import full_value, to_dtensor
 from dtensor_rules.registry import get_rule
 from dtensor_rules.testing import check_rule, check_samples, simulated_mesh
 from dtensor_rules.testing.query import tensor_meta
@@ -89,9 +89,9 @@ def test_dtensor_cumsum_matches_single_device(dtype, placement, kwargs) -> None:
     g = torch.Generator().manual_seed(3)
     x = torch.randn(5, 7, generator=g).to(dtype) if dtype.is_floating_point else torch.randint(0, 9, (5, 7), generator=g, dtype=dtype)
     with simulated_mesh((2, 2)) as mesh:
-        d = dtensor(x, mesh, [placement, Replicate()])
+        d = to_dtensor(x, mesh, [placement, Replicate()])
         out = torch.cumsum(d, 1, **kwargs)
-        got = out.placements, full(out)
+        got = out.placements, full_value(out)
     expected = torch.cumsum(x, 1, **kwargs)
     assert got[0] == (placement, Replicate())  # carried through, no redistribution
     torch.testing.assert_close(got[1], expected)
@@ -101,8 +101,8 @@ def test_dtensor_int32_partial_is_reduced_before_promoting_cumsum() -> None:
     """int32 -> int64 promotion: no Partial carried (wraparound); the result must still be right."""
     x = torch.randint(-9, 10, (4, 5), dtype=torch.int32, generator=torch.Generator().manual_seed(4))
     with simulated_mesh((2,)) as mesh:
-        out = torch.cumsum(dtensor(x, mesh, [Partial("sum")]), 0)
-        got = out.placements, full(out)
+        out = torch.cumsum(to_dtensor(x, mesh, [Partial("sum")]), 0)
+        got = out.placements, full_value(out)
     assert not isinstance(got[0][0], Partial)
     torch.testing.assert_close(got[1], torch.cumsum(x, 0))
 
@@ -111,9 +111,9 @@ def test_dtensor_int32_partial_is_reduced_before_promoting_cumsum() -> None:
 def test_dtensor_cumsum_inplace(placement) -> None:
     x = torch.randn(6, 4, generator=torch.Generator().manual_seed(5))
     with simulated_mesh((2,)) as mesh:
-        d = dtensor(x, mesh, [placement])
+        d = to_dtensor(x, mesh, [placement])
         d.cumsum_(1)
-        got = d.placements, full(d)
+        got = d.placements, full_value(d)
     assert got[0] == (placement,)
     torch.testing.assert_close(got[1], x.cumsum(1))
 
@@ -121,9 +121,9 @@ def test_dtensor_cumsum_inplace(placement) -> None:
 def test_dtensor_cumsum_out() -> None:
     x = torch.randn(6, 4, generator=torch.Generator().manual_seed(6))
     with simulated_mesh((2,)) as mesh:
-        out = dtensor(torch.empty(6, 4), mesh, [Shard(0)])
-        torch.cumsum(dtensor(x, mesh, [Shard(0)]), 1, out=out)
-        got = out.placements, full(out)
+        out = to_dtensor(torch.empty(6, 4), mesh, [Shard(0)])
+        torch.cumsum(to_dtensor(x, mesh, [Shard(0)]), 1, out=out)
+        got = out.placements, full_value(out)
     assert got[0] == (Shard(0),)
     torch.testing.assert_close(got[1], x.cumsum(1))
 
@@ -135,10 +135,10 @@ def test_dtensor_cumsum_backward(dim, placement) -> None:
     ref = x.clone().requires_grad_()
     (torch.cumsum(ref, dim) ** 2 * w).sum().backward()
     with simulated_mesh((2,)) as mesh:
-        d = dtensor(x, mesh, [placement]).requires_grad_()
-        wd = dtensor(w, mesh, [placement])
+        d = to_dtensor(x, mesh, [placement]).requires_grad_()
+        wd = to_dtensor(w, mesh, [placement])
         (torch.cumsum(d, dim) ** 2 * wd).sum().backward()
-        got = full(d.grad)
+        got = full_value(d.grad)
     torch.testing.assert_close(got, ref.grad)
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from torch.distributed.tensor.placement_types import Replicate, Shard
 
 import dtensor_rules  # noqa: F401  (installs the rules)
-from _dtensor_e2e import dtensor, full
+from dtensor_rules.testing.dispatch import full_value, to_dtensor
 from dtensor_rules.registry import get_rule
 from dtensor_rules.testing import check_rule, check_samples, simulated_mesh
 from dtensor_rules.testing.mesh import fake_world
@@ -121,9 +121,9 @@ def test_topk_dim_by_keyword_is_not_read_as_last_dim() -> None:
 def test_dtensor_topk_router_matches_single_device() -> None:
     scores = torch.randn(7, 8, generator=torch.Generator().manual_seed(0)).softmax(-1)
     with simulated_mesh((2, 2)) as mesh:
-        d = dtensor(scores, mesh, [Shard(0), Replicate()])
+        d = to_dtensor(scores, mesh, [Shard(0), Replicate()])
         values, indices = torch.topk(d, 2, dim=-1)
-        got = (values.placements, full(values), full(indices))
+        got = (values.placements, full_value(values), full_value(indices))
     expected = torch.topk(scores, 2, dim=-1)
     assert got[0] == (Shard(0), Replicate())  # sharded over tokens: no communication
     torch.testing.assert_close(got[1], expected.values)
@@ -133,9 +133,9 @@ def test_dtensor_topk_router_matches_single_device() -> None:
 def test_dtensor_sort_of_sorted_dim_shard_is_redistributed() -> None:
     x = torch.randperm(30).reshape(6, 5).float()
     with simulated_mesh((2,)) as mesh:
-        d = dtensor(x, mesh, [Shard(1)])
+        d = to_dtensor(x, mesh, [Shard(1)])
         values, indices = torch.sort(d, dim=1, descending=True)
-        got = full(values), full(indices)
+        got = full_value(values), full_value(indices)
     expected = torch.sort(x, dim=1, descending=True)
     torch.testing.assert_close(got[0], expected.values)
     torch.testing.assert_close(got[1], expected.indices)
@@ -144,9 +144,9 @@ def test_dtensor_sort_of_sorted_dim_shard_is_redistributed() -> None:
 def test_dtensor_argsort_stable_token_permutation() -> None:
     expert_ids = torch.randint(0, 4, (9, 3), generator=torch.Generator().manual_seed(1))
     with simulated_mesh((2,)) as mesh:
-        d = dtensor(expert_ids, mesh, [Shard(1)])
+        d = to_dtensor(expert_ids, mesh, [Shard(1)])
         perm = torch.argsort(d, dim=0, stable=True)
-        got = perm.placements, full(perm)
+        got = perm.placements, full_value(perm)
     assert got[0] == (Shard(1),)
     torch.testing.assert_close(got[1], torch.argsort(expert_ids, dim=0, stable=True))
 
@@ -170,8 +170,8 @@ def test_dtensor_argsort_under_inference_mode_uses_the_argsort_rule(monkeypatch)
     _clear_sharding_prop_cache()
     expert_ids = torch.randint(0, 4, (9, 3), generator=torch.Generator().manual_seed(1))
     with simulated_mesh((2,)) as mesh, torch.inference_mode():
-        perm = torch.argsort(dtensor(expert_ids, mesh, [Shard(1)]), dim=0, stable=True)
-        got = perm.placements, full(perm)
+        perm = torch.argsort(to_dtensor(expert_ids, mesh, [Shard(1)]), dim=0, stable=True)
+        got = perm.placements, full_value(perm)
     _clear_sharding_prop_cache()
     assert calls == [aten.argsort.stable]
     assert got[0] == (Shard(1),)
@@ -181,11 +181,11 @@ def test_dtensor_argsort_under_inference_mode_uses_the_argsort_rule(monkeypatch)
 def test_dtensor_sort_out_variant() -> None:
     x = torch.randn(5, 4, generator=torch.Generator().manual_seed(2))
     with simulated_mesh((2,)) as mesh:
-        d = dtensor(x, mesh, [Shard(0)])
-        values = dtensor(torch.empty(5, 4), mesh, [Shard(0)])
-        indices = dtensor(torch.empty(5, 4, dtype=torch.long), mesh, [Shard(0)])
+        d = to_dtensor(x, mesh, [Shard(0)])
+        values = to_dtensor(torch.empty(5, 4), mesh, [Shard(0)])
+        indices = to_dtensor(torch.empty(5, 4, dtype=torch.long), mesh, [Shard(0)])
         torch.sort(d, 1, out=(values, indices))
-        got = full(values), full(indices)
+        got = full_value(values), full_value(indices)
     expected = torch.sort(x, 1)
     torch.testing.assert_close(got[0], expected.values)
     torch.testing.assert_close(got[1], expected.indices)
@@ -199,9 +199,9 @@ def test_dtensor_backward_matches_single_device(which: str) -> None:
     ref = x.clone().requires_grad_()
     (fwd(ref) ** 2).sum().backward()
     with simulated_mesh((2,)) as mesh:
-        d = dtensor(x, mesh, [Shard(0)]).requires_grad_()
+        d = to_dtensor(x, mesh, [Shard(0)]).requires_grad_()
         (fwd(d) ** 2).sum().backward()
-        got = d.grad.placements, full(d.grad)
+        got = d.grad.placements, full_value(d.grad)
     assert got[0] == (Shard(0),)
     torch.testing.assert_close(got[1], ref.grad)
 
@@ -211,7 +211,7 @@ def test_dtensor_bad_dim_is_an_index_error_like_single_device() -> None:
     with pytest.raises(IndexError):
         torch.sort(x, dim=5)
     with simulated_mesh((2,)) as mesh, pytest.raises(RuntimeError) as info:
-        torch.sort(dtensor(x, mesh, [Shard(0)]), dim=5)
+        torch.sort(to_dtensor(x, mesh, [Shard(0)]), dim=5)
     assert isinstance(info.value.__cause__, IndexError), info.value
     assert "dim 5 out of range for a 2-d tensor" in str(info.value)
 

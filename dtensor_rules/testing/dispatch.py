@@ -25,7 +25,8 @@ __all__ = ["to_dtensor", "full_value", "sharded_call"]
 def to_dtensor(t: torch.Tensor, mesh: DeviceMesh, placements: Sequence[Placement], salt: int = 0) -> DTensor:
     """``t`` laid out as ``placements`` on a simulated mesh (Partial allowed); call inside ``simulated_mesh``."""
     shape = tuple(mesh.shape)
-    locals_ = {r: local_input(t, tuple(placements), shape, c, salt) for r, c in enumerate(coords(shape))}
+    # cloned: a shard can be a view of ``t``, which an in-place op would overwrite
+    locals_ = {r: local_input(t, tuple(placements), shape, c, salt).clone() for r, c in enumerate(coords(shape))}
     return DTensor.from_local(
         LocalTensor(locals_), mesh, tuple(placements), run_check=False, shape=t.shape, stride=t.stride()
     )
