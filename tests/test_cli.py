@@ -1,0 +1,62 @@
+"""`python -m dtensor_rules validate/status`: JSON contract, errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dtensor_rules.__main__ import main, parse_mesh
+from dtensor_rules.testing.suites import suites
+
+ALL_OPS = sorted(str(op) for op in suites())
+
+
+def last_json_line(text: str) -> dict:
+    return json.loads(text.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("op", ALL_OPS)
+def test_validate_json_for_every_op_with_a_suite(op, capsys):
+    assert main(["validate", "--op", op, "--mesh", "2", "--json"]) == 0
+    report = last_json_line(capsys.readouterr().out)
+    assert report["op"] == op and report["mesh"] == [2]
+    assert report["ours"]["incorrect"] == 0
+    assert report["ours"]["correct"] >= report["upstream"]["correct"]
+    assert set(report["ours"]) == set(report["upstream"]) == {"correct", "incorrect", "missing"}
+
+
+def test_validate_on_2x2_from_a_fresh_process():
+    out = subprocess.run(
+        [sys.executable, "-m", "dtensor_rules", "validate", "--op", "cumsum", "--mesh", "2x2", "--json"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    report = last_json_line(out)
+    assert report["op"] == "aten.cumsum.default" and report["mesh"] == [2, 2]
+    assert report["ours"]["incorrect"] == 0 and report["ours"]["correct"] > report["upstream"]["correct"]
+
+
+def test_unknown_op_is_a_clear_error(capsys):
+    assert main(["validate", "--op", "no_such_op"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown op 'no_such_op'" in err and "aten.cumsum.default" in err
+
+
+@pytest.mark.parametrize("text, shape", [("2", (2,)), ("2x2", (2, 2)), ("2X2x2", (2, 2, 2))])
+def test_mesh_parsing(text, shape):
+    assert parse_mesh(text) == shape
+
+
+@pytest.mark.parametrize("text", ["", "2x", "0", "2x2x2x2", "two"])
+def test_bad_mesh_is_rejected(text, capsys):
+    with pytest.raises(SystemExit):
+        main(["validate", "--op", "fma", "--mesh", text])
+    assert "mesh must" in capsys.readouterr().err
+
+
+def test_status_lists_active_rules(capsys):
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "aten._grouped_mm.default" in out and "ours" in out
