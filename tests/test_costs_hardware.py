@@ -78,3 +78,27 @@ def test_malformed_profile(kwargs: dict, match: str) -> None:
     base = {"name": "bad", "memory_bandwidth": 1.0, "vector": {"fp32": 1.0}}
     with pytest.raises(CostError, match=match):
         Hardware(**{**base, **kwargs})
+
+
+def test_family_efficiency_and_launch_override() -> None:
+    from dataclasses import replace
+
+    hw = replace(TOY, name="toy-fam", family_efficiency={"gather": 0.25}, family_launch_s={"view": 0.0})
+    # 200 bytes: 4 s roofline, a gather reaches a quarter of it -> 16 s
+    assert runtime(OpCost(0, 150, 50, dtype=torch.float32, family="gather"), hw) == pytest.approx(1 + 16.0)
+    assert runtime(OpCost(0, 150, 50, dtype=torch.float32, family="copy"), hw) == pytest.approx(1 + 4.0)
+    assert runtime(OpCost(0, 0, 0, family="view"), hw) == 0.0
+    assert runtime(OpCost(0, 0, 0, family="view"), "h100") == 0.0  # no kernel on a GPU
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"family_efficiency": {"gathr": 0.5}}, "unknown op family 'gathr'"),
+        ({"family_efficiency": {"gather": 0.0}}, r"family_efficiency\['gather'\] must be > 0"),
+        ({"family_launch_s": {"view": -1.0}}, r"family_launch_s\['view'\] must be >= 0"),
+    ],
+)
+def test_bad_family_tables_are_rejected(kw, match) -> None:
+    with pytest.raises(CostError, match=match):
+        Hardware("bad", memory_bandwidth=1.0, vector={"fp32": 1.0}, **kw)

@@ -18,10 +18,13 @@ import torch
 
 from dtensor_rules.costs._util import CostError
 
-__all__ = ["Hardware", "HARDWARE", "get_hardware", "register_hardware", "dtype_class", "DTYPE_CLASSES"]
+__all__ = ["Hardware", "HARDWARE", "get_hardware", "register_hardware", "dtype_class", "DTYPE_CLASSES", "FAMILIES"]
 
 T = 1e12
 DTYPE_CLASSES = ("fp8", "fp16", "tf32", "fp32", "fp64", "int8", "int32", "int64")
+FAMILIES = (
+    "matmul", "pointwise", "reduction", "copy", "gather", "scatter", "sort", "scan", "histogram", "factory", "view",
+)
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,10 @@ class Hardware:
     ``compute_efficiency`` / ``memory_efficiency`` scale the peaks to what kernels reach;
     ``launch_s`` is the fixed per-op cost (kernel launch or CPU dispatch).
     ``fp32_matmul_class`` is the class fp32 matmuls run in ("fp32", or "tf32" when allowed).
+    ``family_efficiency[f]`` divides the roofline time of ops of family ``f`` (``OpCost.family``):
+    the fraction of the roofline rate that family's kernels reach (e.g. random-access gathers
+    vs streaming bandwidth); missing families use 1. ``family_launch_s[f]`` replaces
+    ``launch_s`` for family ``f`` (e.g. views launch no kernel on a GPU).
     """
 
     name: str
@@ -42,6 +49,8 @@ class Hardware:
     launch_s: float = 5e-6
     fp32_matmul_class: str = "fp32"
     source: str = ""
+    family_efficiency: Mapping[str, float] = field(default_factory=dict)
+    family_launch_s: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.memory_bandwidth <= 0:
@@ -59,6 +68,14 @@ class Hardware:
                 raise CostError(f"hardware {self.name!r}: {f} must be in (0, 1]")
         if self.launch_s < 0:
             raise CostError(f"hardware {self.name!r}: launch_s must be >= 0")
+        for f, ok, what in (("family_efficiency", lambda v: v > 0, "> 0"), ("family_launch_s", lambda v: v >= 0, ">= 0")):
+            table = getattr(self, f)
+            for k, v in table.items():
+                if k not in FAMILIES:
+                    raise CostError(f"hardware {self.name!r}: unknown op family {k!r} in {f}; use {FAMILIES}")
+                if not ok(v):
+                    raise CostError(f"hardware {self.name!r}: {f}[{k!r}] must be {what}")
+            object.__setattr__(self, f, MappingProxyType(dict(table)))
 
 
 def dtype_class(dtype: torch.dtype) -> str:
@@ -81,6 +98,8 @@ def dtype_class(dtype: torch.dtype) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- profiles
+# GPUs: a view only edits tensor metadata on the host, no kernel is launched.
+_GPU_LAUNCH = {"view": 0.0}
 # H100 SXM5 80GB: NVIDIA H100 Tensor Core GPU datasheet (2023), SXM column, dense:
 #   FP64 34 TF, FP64 TC 67 TF, FP32 67 TF, TF32 TC 494.5 TF, BF16/FP16 TC 989.5 TF,
 #   FP8 TC 1979 TF, INT8 TC 1979 TOPS, HBM3 3.35 TB/s.
@@ -92,13 +111,13 @@ _H100_TENSOR = {"fp64": 67 * T, "tf32": 494.5 * T, "fp16": 989.5 * T, "fp8": 197
 _H100_VECTOR = {"fp64": 34 * T, "fp32": 67 * T, "fp16": 134 * T, "int32": 16.7 * T, "int64": 4.2 * T, "int8": 16.7 * T}
 
 H100 = Hardware(
-    "h100", 3.35e12, _H100_VECTOR, _H100_TENSOR, launch_s=4e-6,
+    "h100", 3.35e12, _H100_VECTOR, _H100_TENSOR, launch_s=4e-6, family_launch_s=_GPU_LAUNCH,
     source="NVIDIA H100 Tensor Core GPU datasheet (SXM5, dense); int vector rates derived from the Hopper whitepaper",
 )
 # H200 SXM 141GB: NVIDIA H200 Tensor Core GPU datasheet (2024): same compute as H100 SXM,
 #   HBM3e 4.8 TB/s.
 H200 = Hardware(
-    "h200", 4.8e12, _H100_VECTOR, _H100_TENSOR, launch_s=4e-6,
+    "h200", 4.8e12, _H100_VECTOR, _H100_TENSOR, launch_s=4e-6, family_launch_s=_GPU_LAUNCH,
     source="NVIDIA H200 Tensor Core GPU datasheet (SXM, dense); compute as H100 SXM",
 )
 # A100 SXM4 80GB: NVIDIA A100 Tensor Core GPU datasheet (2021), dense:
@@ -110,7 +129,7 @@ A100 = Hardware(
     "a100", 2.039e12,
     {"fp64": 9.7 * T, "fp32": 19.5 * T, "fp16": 78 * T, "int32": 9.75 * T, "int64": 2.4 * T, "int8": 9.75 * T},
     {"fp64": 19.5 * T, "tf32": 156 * T, "fp16": 312 * T, "int8": 624 * T},
-    launch_s=5e-6,
+    launch_s=5e-6, family_launch_s=_GPU_LAUNCH,
     source="NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB, dense); fp16/int vector rates derived (Ampere whitepaper)",
 )
 # B200: NVIDIA HGX B200 / DGX B200 datasheet (2024), per GPU, dense = half the sparse figures:
@@ -121,7 +140,7 @@ B200 = Hardware(
     "b200", 8.0e12,
     {"fp64": 40 * T, "fp32": 80 * T, "fp16": 160 * T, "int32": 20 * T, "int64": 5 * T, "int8": 20 * T},
     {"fp64": 40 * T, "tf32": 1100 * T, "fp16": 2250 * T, "fp8": 4500 * T, "int8": 4500 * T},
-    launch_s=4e-6,
+    launch_s=4e-6, family_launch_s=_GPU_LAUNCH,
     source="NVIDIA HGX B200 datasheet (per GPU, dense = sparse/2); vector rates derived",
 )
 # Generic CPU: a placeholder for a ~16-core AVX2 server socket (DERIVED: 16 cores x 2 FMA units x

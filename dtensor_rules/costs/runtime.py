@@ -3,7 +3,10 @@
 compute time = flops / (peak[unit][dtype class] * compute_efficiency)
 memory time  = (bytes_read + bytes_written) / (memory_bandwidth * memory_efficiency)
 
-The launch term is a floor: no op is faster than a kernel launch / eager dispatch.
+The launch term is a floor: no op is faster than a kernel launch / eager dispatch
+(``hardware.family_launch_s`` may override it per op family, e.g. 0 for views on a GPU).
+The roofline term is divided by ``hardware.family_efficiency[cost.family]`` (default 1):
+the fraction of the roofline rate kernels of that family reach on that device.
 ``unit="tensor"`` costs fall back to the vector peak for dtype classes without a matrix
 engine (e.g. fp32 matmul without TF32).
 """
@@ -42,4 +45,5 @@ def runtime(cost: OpCost, hardware: Hardware | str, dtype: torch.dtype | None = 
     if cost.flops:
         compute = cost.flops / (peak_flops(hw, dtype, cost.unit) * hw.compute_efficiency)
     memory = cost.bytes / (hw.memory_bandwidth * hw.memory_efficiency)
-    return hw.launch_s + max(compute, memory)
+    launch = hw.family_launch_s.get(cost.family, hw.launch_s)
+    return launch + max(compute, memory) / hw.family_efficiency.get(cost.family, 1.0)

@@ -28,7 +28,7 @@ from dtensor_rules.costs.op_cost import OpCost
 aten = torch.ops.aten
 
 
-@formula(aten.cumsum.default, aten.cumsum_.default)
+@formula(aten.cumsum.default, aten.cumsum_.default, family="scan")
 def cumsum_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, dtype = b["self"], b["dtype"]
     if op is aten.cumsum_.default:
@@ -43,7 +43,7 @@ def cumsum_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return OpCost(n, nbytes(self), n * out_dtype.itemsize, dtype=out_dtype)
 
 
-@formula(aten.histc.default)
+@formula(aten.histc.default, family="histogram")
 def histc_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, bins = b["self"], int(b["bins"])
     n = numel(self)
@@ -53,7 +53,7 @@ def histc_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return OpCost(flops, read, bins * self.dtype.itemsize, dtype=self.dtype)
 
 
-@formula(aten.bincount.default)
+@formula(aten.bincount.default, family="histogram")
 def bincount_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, weights, minlength = b["self"], b["weights"], int(b["minlength"])
     n = numel(self)

@@ -40,7 +40,7 @@ aten = torch.ops.aten
 _MASK_NOTE = "boolean mask values unknown (fake/meta): all True assumed (upper bound)"
 
 
-@formula(aten.cat.default)
+@formula(aten.cat.default, family="copy")
 def cat_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     tensors = [t for t in b["tensors"] if not (t.dim() == 1 and t.shape[0] == 0)]  # legacy empty inputs are skipped
     if not tensors:
@@ -52,7 +52,7 @@ def cat_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return OpCost(0, sum(nbytes(t) for t in tensors), out, dtype=dtype)
 
 
-@formula(aten.gather.default)
+@formula(aten.gather.default, family="gather")
 def gather_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, index = b["self"], b["index"]
     k, isz = numel(index), self.dtype.itemsize
@@ -63,7 +63,7 @@ _SCATTER_OUT = (aten.scatter.src, aten.scatter.value, aten.scatter_add.default, 
 _SCATTER_INPLACE = (aten.scatter_.src, aten.scatter_.value, aten.scatter_add_.default, aten.scatter_reduce_.two)
 
 
-@formula(*_SCATTER_OUT, *_SCATTER_INPLACE)
+@formula(*_SCATTER_OUT, *_SCATTER_INPLACE, family="scatter")
 def scatter_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, index = b["self"], b["index"]
     src = b.get("src")
@@ -112,7 +112,7 @@ def _indexed_positions(self: torch.Tensor, indices: list[Any], op: OpOverload) -
     return k, math.prod(kept), exact
 
 
-@formula(aten.index.Tensor)
+@formula(aten.index.Tensor, family="gather")
 def index_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, indices = b["self"], list(b["indices"])
     k, per, exact = _indexed_positions(self, indices, op)
@@ -121,7 +121,7 @@ def index_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return OpCost(0, idx_bytes + out, out, dtype=self.dtype, exact=exact, note="" if exact else _MASK_NOTE)
 
 
-@formula(aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default)
+@formula(aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default, family="scatter")
 def index_put_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, indices, values = b["self"], list(b["indices"]), b["values"]
     k, per, exact = _indexed_positions(self, indices, op)
@@ -139,7 +139,7 @@ def index_put_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return OpCost(flops, read, written, dtype=self.dtype, exact=exact, note="" if exact else _MASK_NOTE)
 
 
-@formula(aten.slice_scatter.default)
+@formula(aten.slice_scatter.default, family="copy")
 def slice_scatter_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, src = b["self"], b["src"]
     isz = self.dtype.itemsize
