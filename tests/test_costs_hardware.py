@@ -102,3 +102,19 @@ def test_family_efficiency_and_launch_override() -> None:
 def test_bad_family_tables_are_rejected(kw, match) -> None:
     with pytest.raises(CostError, match=match):
         Hardware("bad", memory_bandwidth=1.0, vector={"fp32": 1.0}, **kw)
+
+
+def test_family_efficiency_per_dtype_class_wins_over_family() -> None:
+    from dataclasses import replace
+
+    from dtensor_rules.costs.runtime import family_efficiency
+
+    hw = replace(TOY, name="toy-scan", family_efficiency={"scan": 0.5, "scan:int64": 2.0})
+    assert family_efficiency(hw, "scan", torch.int64) == 2.0
+    assert family_efficiency(hw, "scan", torch.float32) == 0.5
+    assert family_efficiency(hw, "copy", torch.float32) == 1.0
+    # 100 int64 ops at 5 * 0.5 = 2.5/s -> 40 s, twice as fast for int64 scans
+    assert runtime(OpCost(100, 0, 0, dtype=torch.int64, family="scan"), hw) == pytest.approx(1 + 20.0)
+    with pytest.raises(CostError, match="unknown dtype class 'int65'"):
+        Hardware("bad", memory_bandwidth=1.0, vector={"fp32": 1.0}, family_efficiency={"scan:int65": 1.0})
+

@@ -12,6 +12,10 @@
   ``max(max(self) + 1, minlength)`` counts of int64 (no weights), float32 (float32
   weights) or float64 (other weights). The length needs the data: on fake/meta inputs
   it is assumed to be ``max(minlength, 1)`` (``exact=False``).
+
+Families: ``scan`` (cumsum), ``histogram`` (histc: binning arithmetic per element), and
+``scatter`` for bincount (``counts[x[i]] += 1`` is an indexed read-modify-write, the
+access pattern of scatter_add).
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ def histc_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return OpCost(flops, read, bins * self.dtype.itemsize, dtype=self.dtype)
 
 
-@formula(aten.bincount.default, family="histogram")
+@formula(aten.bincount.default, family="scatter")
 def bincount_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, weights, minlength = b["self"], b["weights"], int(b["minlength"])
     n = numel(self)
