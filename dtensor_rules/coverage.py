@@ -18,8 +18,11 @@ runs), and reports for every op in the graph:
   (placeholders as plain ``Shard``); op-strategy rules are asked with every candidate
   input layout (R, S(d) on dims of size > 1, P(sum) for floats), so a rule that follows
   its input counts each layout it accepts;
-- ``cost``: ``dtensor_rules.costs.estimate`` of the op's first call, or ``-`` when the
-  costs package provides no ``estimate``.
+- ``cost``: estimated runtime of all the op's calls on a hardware profile (default
+  ``h100``): ``dtensor_rules.costs.runtime(estimate(...))`` summed over the calls, priced
+  on meta tensors of the traced shapes, with the summed flops and bytes; ``~`` marks an
+  estimate that assumed data-dependent values (e.g. balanced ``_grouped_mm`` groups),
+  ``err: ...`` an op the cost model cannot price.
 
 Excluded from the table (DTensor never asks the propagator about them):
 
@@ -307,30 +310,56 @@ def _count_strategies(op: OpOverload, args: Any, kwargs: Any, mesh: Any) -> int 
     return _distinct(strategy)
 
 
-def _cost(op: OpOverload, args: Any, kwargs: Any, hardware: Any) -> str:
+def _meta(x: Any) -> Any:
+    """A node's meta value as a meta-device tensor (shapes, strides, dtype; no values)."""
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided([int(s) for s in x.shape], [int(s) for s in x.stride()], dtype=x.dtype, device="meta")
+    if isinstance(x, torch.SymInt):
+        return int(x)
+    return x
+
+
+def _node_meta_args(node: torch.fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def val(a: Any) -> Any:
+        return _meta(a.meta.get("val")) if isinstance(a, torch.fx.Node) else _meta(a)
+
+    return pytree.tree_map(val, (tuple(node.args), dict(node.kwargs)))
+
+
+def _si(n: float) -> str:
+    """3 significant digits with a k/M/G/T/P suffix: 1536 -> '1.54k'."""
+    for suffix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{suffix}"
+    return f"{n:.3g}"
+
+
+def op_cost(op: OpOverload, nodes: Sequence[torch.fx.Node], hardware: Any) -> str:
+    """Estimated runtime of all ``nodes`` (calls of ``op``) on ``hardware``, with their flops and bytes.
+
+    Each call is priced on meta tensors of its traced shapes, so data-dependent costs use the
+    cost model's documented assumptions; a leading ``~`` marks such an inexact estimate.
+    ``err: <Exception>`` when the cost model cannot price the op (see ``CostError``).
+    """
+    from dtensor_rules.costs import estimate_call, runtime
+
+    seconds, flops, nbytes, exact = 0.0, 0, 0, True
     try:
-        from dtensor_rules import costs
-    except ImportError:
-        return "-"
-    estimate = getattr(costs, "estimate", None)
-    if estimate is None:
-        return "-"
-    try:
-        cost = estimate(op, *args, **kwargs) if hardware is None else estimate(op, *args, hardware=hardware, **kwargs)
+        for node in nodes:
+            args, kwargs = _node_meta_args(node)
+            cost = estimate_call(op, args, kwargs)
+            seconds += runtime(cost, hardware)
+            flops, nbytes, exact = flops + cost.flops, nbytes + cost.bytes, exact and cost.exact
     except Exception as e:  # an op the cost model does not know: say so, do not hide the table
         return f"err: {type(e).__name__}"
-    return _format_cost(cost)
+    return f"{'' if exact else '~'}{_seconds(seconds)} ({_si(flops)} flop, {_si(nbytes)} B)"
 
 
-def _format_cost(cost: Any) -> str:
-    for attr in ("time_s", "seconds", "time"):
-        v = getattr(cost, attr, None)
-        if isinstance(v, (int, float)):
-            return f"{v * 1e6:.3g}us"
-    flops, nbytes = getattr(cost, "flops", None), getattr(cost, "bytes", None)
-    if flops is not None or nbytes is not None:
-        return f"{flops} flop {nbytes} B"
-    return str(cost)
+def _seconds(s: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3)):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s * 1e6:.3g} us"
 
 
 def _is_op_node(node: torch.fx.Node) -> bool:
@@ -341,12 +370,13 @@ def coverage(
     module_or_fn: Callable[..., Any],
     example_inputs: Sequence[Any],
     mesh_shape: Sequence[int] = (2, 2),
-    hardware: Any = None,
+    hardware: Any = "h100",
 ) -> CoverageReport:
     """Trace forward+backward of ``module_or_fn(*example_inputs)`` and report each op's rule.
 
     ``module_or_fn`` is an ``nn.Module`` (gradients wrt its parameters and floating
-    inputs) or a function (gradients wrt its floating inputs).
+    inputs) or a function (gradients wrt its floating inputs). ``hardware`` is the cost
+    model profile (name or :class:`dtensor_rules.costs.Hardware`) the cost column is priced on.
     """
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -382,7 +412,7 @@ def coverage(
             else:
                 lo, hi = min(counts), max(counts)
                 strategies = str(lo) if lo == hi else f"{lo}-{hi}"
-            cost = _cost(op, *_node_args(nodes[0]), hardware)
+            cost = op_cost(op, nodes, hardware)
             report.rows.append(CoverageRow(op, len(nodes), source, strategies, cost, error))
     return report
 
@@ -414,9 +444,10 @@ def coverage_main(
     """``python -m dtensor_rules coverage [--mesh 2x2]``: print the MoE block's table; 1 if an op has no rule."""
     parser = argparse.ArgumentParser(prog="python -m dtensor_rules coverage", description=coverage_main.__doc__)
     parser.add_argument("--mesh", type=_parse_mesh, default=(2, 2), help="mesh shape, e.g. 2x2 or 4")
+    parser.add_argument("--hardware", default="h100", help="cost model profile for the cost column (h100, h200, a100, b200, cpu)")
     args = parser.parse_args(argv)
     model, inputs = example()
-    report = coverage(model, inputs, mesh_shape=args.mesh)
+    report = coverage(model, inputs, mesh_shape=args.mesh, hardware=args.hardware)
     print(report.table())
     for row in report.rows:
         if row.error:

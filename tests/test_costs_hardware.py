@@ -78,3 +78,43 @@ def test_malformed_profile(kwargs: dict, match: str) -> None:
     base = {"name": "bad", "memory_bandwidth": 1.0, "vector": {"fp32": 1.0}}
     with pytest.raises(CostError, match=match):
         Hardware(**{**base, **kwargs})
+
+
+def test_family_efficiency_and_launch_override() -> None:
+    from dataclasses import replace
+
+    hw = replace(TOY, name="toy-fam", family_efficiency={"gather": 0.25}, family_launch_s={"view": 0.0})
+    # 200 bytes: 4 s roofline, a gather reaches a quarter of it -> 16 s
+    assert runtime(OpCost(0, 150, 50, dtype=torch.float32, family="gather"), hw) == pytest.approx(1 + 16.0)
+    assert runtime(OpCost(0, 150, 50, dtype=torch.float32, family="copy"), hw) == pytest.approx(1 + 4.0)
+    assert runtime(OpCost(0, 0, 0, family="view"), hw) == 0.0
+    assert runtime(OpCost(0, 0, 0, family="view"), "h100") == 0.0  # no kernel on a GPU
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"family_efficiency": {"gathr": 0.5}}, "unknown op family 'gathr'"),
+        ({"family_efficiency": {"gather": 0.0}}, r"family_efficiency\['gather'\] must be > 0"),
+        ({"family_launch_s": {"view": -1.0}}, r"family_launch_s\['view'\] must be >= 0"),
+    ],
+)
+def test_bad_family_tables_are_rejected(kw, match) -> None:
+    with pytest.raises(CostError, match=match):
+        Hardware("bad", memory_bandwidth=1.0, vector={"fp32": 1.0}, **kw)
+
+
+def test_family_efficiency_per_dtype_class_wins_over_family() -> None:
+    from dataclasses import replace
+
+    from dtensor_rules.costs.runtime import family_efficiency
+
+    hw = replace(TOY, name="toy-scan", family_efficiency={"scan": 0.5, "scan:int64": 2.0})
+    assert family_efficiency(hw, "scan", torch.int64) == 2.0
+    assert family_efficiency(hw, "scan", torch.float32) == 0.5
+    assert family_efficiency(hw, "copy", torch.float32) == 1.0
+    # 100 int64 ops at 5 * 0.5 = 2.5/s -> 40 s, twice as fast for int64 scans
+    assert runtime(OpCost(100, 0, 0, dtype=torch.int64, family="scan"), hw) == pytest.approx(1 + 20.0)
+    with pytest.raises(CostError, match="unknown dtype class 'int65'"):
+        Hardware("bad", memory_bandwidth=1.0, vector={"fp32": 1.0}, family_efficiency={"scan:int65": 1.0})
+

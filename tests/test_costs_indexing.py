@@ -90,8 +90,10 @@ def test_index_with_bool_mask_counts_true_elements(data: dict) -> None:
     mask = x > 0
     out = x[mask]
     cost = estimate(aten.index.Tensor, x, [mask])
-    assert cost.exact and cost.bytes_written == size(out)
-    assert cost.bytes_read == size(mask) + size(out)
+    coords = size(torch.nonzero(mask))  # nonzero writes (k, 2) int64 coordinates, the gather reads them
+    assert coords == out.numel() * 2 * 8
+    assert cost.exact and cost.bytes_written == size(out) + coords
+    assert cost.bytes_read == size(mask) + coords + size(out)
 
 
 def test_index_with_meta_mask_is_an_upper_bound_and_says_so(data: dict) -> None:
@@ -99,7 +101,7 @@ def test_index_with_meta_mask_is_an_upper_bound_and_says_so(data: dict) -> None:
     mask = torch.empty(6, 5, dtype=torch.bool, device="meta")
     cost = estimate(aten.index.Tensor, x, [mask])
     assert not cost.exact and "upper bound" in cost.note
-    assert cost.bytes_written == 30 * 4
+    assert cost.bytes_written == 30 * 4 + 30 * 2 * 8
 
 
 @pytest.mark.parametrize("accumulate", [False, True])
@@ -122,8 +124,9 @@ def test_index_put_inplace_with_scalar_value_and_mask(data: dict) -> None:
     value = torch.tensor(0.0)
     n_true = int(mask.sum())
     cost = estimate(aten.index_put_.default, x, [mask], value)
-    assert cost.bytes_read == size(mask) + size(value)
-    assert cost.bytes_written == n_true * x.element_size()
+    coords = n_true * mask.dim() * 8
+    assert cost.bytes_read == size(mask) + coords + size(value)
+    assert cost.bytes_written == n_true * x.element_size() + coords
 
 
 def test_slice_scatter(data: dict) -> None:
@@ -165,3 +168,14 @@ def test_int64_and_bool_ops_have_bytes(data: dict, call) -> None:
     op, args = call(data)
     cost = estimate(op, *args)
     assert cost.bytes_read > 0 and cost.bytes_written > 0
+
+
+def test_family_follows_access_granularity() -> None:
+    x = torch.randn(64, 32)
+    rows, elems = torch.tensor([3, 1, 7]), torch.tensor([[3, 1], [7, 2]])
+    assert estimate(aten.index.Tensor, x, [rows]).family == "index"  # 32 contiguous floats per position
+    assert estimate(aten.index.Tensor, x, [rows, rows]).family == "gather"  # single elements
+    assert estimate(aten.index_put.default, x, [rows], torch.randn(3, 32), True).family == "index"
+    assert estimate(aten.index_put.default, x, [elems, elems], torch.randn(2, 2), True).family == "scatter"
+    assert estimate(aten.gather.default, x, 0, elems).family == "gather"
+    assert estimate(aten.bincount.default, torch.tensor([0, 3, 3])).family == "scatter"

@@ -7,6 +7,7 @@ import torch
 from expecttest import TestCase
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
+from torch.utils import _pytree as pytree
 
 import dtensor_rules  # noqa: F401
 from dtensor_rules.costs import Hardware, estimate, format_strategy_costs, strategy_costs
@@ -73,18 +74,42 @@ def test_redistribute_cost_from_current_placements(mesh2) -> None:
     assert all(x > 0 for x in by_out[Replicate()].redistribute_s)  # all-gathers
 
 
-def test_every_registered_rule_gets_a_table(mesh2) -> None:
-    samples = {
-        FMA: ((torch.randn(4, 4), torch.randn(4, 4), torch.randn(4, 4)), {}),
-        aten._softmax_backward_data.default: ((torch.randn(4, 4), torch.randn(4, 4), 0, torch.float32), {}),
-        aten._softmax_backward_data.out: (
-            (torch.randn(4, 4), torch.randn(4, 4), 0, torch.float32), {"grad_input": torch.empty(4, 4)}
-        ),
-    }
-    for op in rules():
-        if op in samples:
-            args, kwargs = samples[op]
-            assert strategy_costs(op, args, kwargs, mesh2)
+def test_every_rule_with_a_sample_suite_gets_a_table(mesh22) -> None:
+    from dtensor_rules.testing.suites import samples_for, suites
+
+    ops = [op for op in suites() if op in rules()]
+    assert aten.cat.default in ops and aten.index.Tensor in ops and aten.bincount.default in ops
+    for op in ops:
+        args, kwargs = samples_for(op)[0]
+        rows = strategy_costs(op, args, kwargs, mesh22)
+        n_tensors = sum(isinstance(t, torch.Tensor) for t in pytree.tree_leaves((args, kwargs)))
+        assert rows, op
+        assert all(len(r.input_placements) == n_tensors == len(r.redistribute_s) for r in rows), op
+
+
+def test_cat_counts_every_tensor_in_the_list(mesh2) -> None:
+    a, b = torch.randn(4, 6), torch.randn(4, 2)
+    glob = estimate(aten.cat.default, [a, b], 1)
+    rows = strategy_costs(aten.cat.default, ([a, b], 1), {}, mesh2, input_placements=[(Shard(0),), (Replicate(),)])
+    by_in = {r.input_placements: r for r in rows}
+    row = by_in[((Shard(0),), (Shard(0),))]  # row-sharded cat along columns: each rank does half
+    assert row.output_placements == ((Shard(0),),)
+    assert [(c.bytes_read, c.bytes_written) for c in row.rank_costs] == [(glob.bytes_read // 2, glob.bytes_written // 2)] * 2
+    assert row.redistribute_s[0] == 0 and row.redistribute_s[1] == 0  # R -> S(0) is a local chunk
+    repl = by_in[((Replicate(),), (Replicate(),))]
+    assert repl.redistribute_s[0] > 0  # all-gather of a
+    assert repl.rank_costs[0] == glob
+
+
+def test_index_with_none_and_tensor_indices(mesh2) -> None:
+    x, idx = torch.randn(8, 6), torch.tensor([0, 5, 2])
+    glob = estimate(aten.index.Tensor, x, [None, idx])
+    rows = strategy_costs(aten.index.Tensor, (x, [None, idx]), {}, mesh2)
+    assert all(len(r.input_placements) == 2 for r in rows)  # x and idx; the None is skipped
+    row = next(r for r in rows if r.input_placements == ((Shard(0),), (Replicate(),)))
+    assert row.output_placements == ((Shard(0),),)
+    # rows of x split in half: each rank gathers 4 x 3 elements and reads all of idx
+    assert [c.bytes_written for c in row.rank_costs] == [4 * 3 * 4] * 2 == [glob.bytes_written // 2] * 2
 
 
 def test_bad_input_placements(mesh2) -> None:
@@ -118,3 +143,38 @@ P(avg)  R,P(avg),R       524288      3146752     3147.752    34.6,0.0,34.6    32
 P(avg)  R,R,P(avg)       524288      3146752     3147.752    34.6,0.0,inf     inf
 P(max)  R,R,P(max)       524288      3146752     3147.752    34.6,0.0,inf     inf
 P(min)  R,R,P(min)       524288      3146752     3147.752    34.6,0.0,inf     inf""")
+
+
+class TestGoldenLists(TestCase):
+    def test_cat_and_index_tables_on_two_ranks(self) -> None:
+        with fake_world(2):
+            mesh = init_device_mesh("cpu", (2,))
+            a, b = torch.randn(256, 64), torch.randn(256, 32)
+            cat = strategy_costs(aten.cat.default, ([a, b], 1), {}, mesh, hardware=GOLDEN_HW,
+                                 input_placements=[(Shard(0),), (Replicate(),)])
+            x, idx = torch.randn(256, 64), torch.randint(0, 256, (100,))
+            index = strategy_costs(aten.index.Tensor, (x, [idx]), {}, mesh, hardware=GOLDEN_HW,
+                                   input_placements=[(Shard(1),), (Replicate(),)])
+        self.assertExpectedInline(format_strategy_costs(cat), """\
+output  inputs         flops/rank  bytes/rank  compute_us  redistribute_us  total_us
+R       R,R            0           196608      197.608     10.9,0.0         208.490
+S(0)    S(0),S(0)      0           98304       99.304      0.0,0.0          99.304
+P(sum)  P(sum),P(sum)  0           196608      197.608     inf,0.0          inf
+P(avg)  P(avg),P(avg)  0           196608      197.608     inf,0.0          inf
+P(avg)  P(avg),R       0           196608      197.608     inf,0.0          inf
+P(avg)  R,P(avg)       0           196608      197.608     10.9,0.0         208.490
+P(max)  P(max),P(max)  0           196608      197.608     inf,0.0          inf
+P(max)  P(max),R       0           196608      197.608     inf,0.0          inf
+P(max)  R,P(max)       0           196608      197.608     10.9,0.0         208.490
+P(min)  P(min),P(min)  0           196608      197.608     inf,0.0          inf
+P(min)  P(min),R       0           196608      197.608     inf,0.0          inf
+P(min)  R,P(min)       0           196608      197.608     10.9,0.0         208.490""")
+        self.assertExpectedInline(format_strategy_costs(index), """\
+output  inputs    flops/rank  bytes/rank  compute_us  redistribute_us  total_us
+R       R,R       0           52000       53.000      10.9,0.0         63.882
+S(1)    S(1),R    0           26400       27.400      0.0,0.0          27.400
+S(0)    R,S(0)    0           26000       27.000      10.9,0.0         37.882
+P(sum)  P(sum),R  0           52000       53.000      inf,0.0          inf
+P(avg)  P(avg),R  0           52000       53.000      inf,0.0          inf
+P(max)  P(max),R  0           52000       53.000      inf,0.0          inf
+P(min)  P(min),R  0           52000       53.000      inf,0.0          inf""")

@@ -34,15 +34,15 @@ class TestCoverageTable(TestCase):
         report = coverage(tiny_model(), (torch.randn(6, 8),), mesh_shape=(2, 2))
         self.assertExpectedInline(report.table(), """\
 op                               calls  rule      strategies  cost
--------------------------------  -----  --------  ----------  ----
-aten.addmm.default               1      upstream  64          -
-aten.detach.default              2      upstream  16          -
-aten.mm.default                  2      upstream  64          -
-aten.relu.default                1      upstream  23          -
-aten.sum.dim_IntList             1      upstream  16          -
-aten.t.default                   5      upstream  16          -
-aten.threshold_backward.default  1      upstream  9           -
-aten.view.default                1      upstream  9           -
+-------------------------------  -----  --------  ----------  ----------------------
+aten.addmm.default               1      upstream  64          4 us (384 flop, 432 B)
+aten.detach.default              2      upstream  16          0 us (0 flop, 0 B)
+aten.mm.default                  2      upstream  64          8 us (768 flop, 832 B)
+aten.relu.default                1      upstream  23          4 us (24 flop, 192 B)
+aten.sum.dim_IntList             1      upstream  16          4 us (24 flop, 112 B)
+aten.t.default                   5      upstream  16          0 us (0 flop, 0 B)
+aten.threshold_backward.default  1      upstream  9           4 us (24 flop, 288 B)
+aten.view.default                1      upstream  9           0 us (0 flop, 0 B)
 8 ops on mesh 2x2: 0 ours, 8 upstream, 0 decomp, 0 handler, 0 none""")
 
     def test_op_without_rule_is_none_and_listed_missing(self) -> None:
@@ -70,3 +70,16 @@ def test_coverage_main_exits_zero_when_every_op_has_a_rule(capsys) -> None:
     rc = coverage_main(["--mesh", "2x2"], example=lambda: (tiny_model(), (torch.randn(6, 8),)))
     assert rc == 0
     assert "0 none" in capsys.readouterr().out
+
+
+def test_every_moe_op_gets_a_cost_on_each_profile() -> None:
+    from dtensor_rules.coverage import moe_example
+
+    model, inputs = moe_example()
+    h100 = coverage(model, inputs, mesh_shape=(2,), hardware="h100")
+    a100 = coverage(model, inputs, mesh_shape=(2,), hardware="a100")
+    assert not [r.name for r in h100.rows if not r.cost.lstrip("~")[0].isdigit()]
+    costs = {r.name: (r.cost, s.cost) for r, s in zip(h100.rows, a100.rows)}
+    # the same flops and bytes, priced on a slower device: the launch-bound mm differs in its launch only
+    assert costs["aten.mm.default"][0].split(" us ")[1] == costs["aten.mm.default"][1].split(" us ")[1]
+    assert costs["aten.mm.default"][0] != costs["aten.mm.default"][1]

@@ -18,10 +18,14 @@ import torch
 
 from dtensor_rules.costs._util import CostError
 
-__all__ = ["Hardware", "HARDWARE", "get_hardware", "register_hardware", "dtype_class", "DTYPE_CLASSES"]
+__all__ = ["Hardware", "HARDWARE", "get_hardware", "register_hardware", "dtype_class", "DTYPE_CLASSES", "FAMILIES"]
 
 T = 1e12
 DTYPE_CLASSES = ("fp8", "fp16", "tf32", "fp32", "fp64", "int8", "int32", "int64")
+FAMILIES = (
+    "matmul", "pointwise", "reduction", "copy", "gather", "scatter", "index", "sort", "scan", "histogram", "factory",
+    "view",
+)
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,11 @@ class Hardware:
     ``compute_efficiency`` / ``memory_efficiency`` scale the peaks to what kernels reach;
     ``launch_s`` is the fixed per-op cost (kernel launch or CPU dispatch).
     ``fp32_matmul_class`` is the class fp32 matmuls run in ("fp32", or "tf32" when allowed).
+    ``family_efficiency[f]`` divides the roofline time of ops of family ``f`` (``OpCost.family``):
+    the fraction of the roofline rate that family's kernels reach (e.g. random-access gathers
+    vs streaming bandwidth); a key ``"f:cls"`` (e.g. ``"scan:int64"``) applies to dtype class
+    ``cls`` only and wins over ``"f"``; missing families use 1. ``family_launch_s[f]`` replaces
+    ``launch_s`` for family ``f`` (e.g. views launch no kernel on a GPU).
     """
 
     name: str
@@ -42,6 +51,8 @@ class Hardware:
     launch_s: float = 5e-6
     fp32_matmul_class: str = "fp32"
     source: str = ""
+    family_efficiency: Mapping[str, float] = field(default_factory=dict)
+    family_launch_s: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.memory_bandwidth <= 0:
@@ -59,6 +70,17 @@ class Hardware:
                 raise CostError(f"hardware {self.name!r}: {f} must be in (0, 1]")
         if self.launch_s < 0:
             raise CostError(f"hardware {self.name!r}: launch_s must be >= 0")
+        for f, ok, what in (("family_efficiency", lambda v: v > 0, "> 0"), ("family_launch_s", lambda v: v >= 0, ">= 0")):
+            table = getattr(self, f)
+            for k, v in table.items():
+                fam, _, cls = k.partition(":")
+                if fam not in FAMILIES:
+                    raise CostError(f"hardware {self.name!r}: unknown op family {fam!r} in {f}; use {FAMILIES}")
+                if cls and cls not in DTYPE_CLASSES:
+                    raise CostError(f"hardware {self.name!r}: unknown dtype class {cls!r} in {f}[{k!r}]; use {DTYPE_CLASSES}")
+                if not ok(v):
+                    raise CostError(f"hardware {self.name!r}: {f}[{k!r}] must be {what}")
+            object.__setattr__(self, f, MappingProxyType(dict(table)))
 
 
 def dtype_class(dtype: torch.dtype) -> str:
@@ -81,6 +103,8 @@ def dtype_class(dtype: torch.dtype) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- profiles
+# GPUs: a view only edits tensor metadata on the host, no kernel is launched.
+_GPU_LAUNCH = {"view": 0.0}
 # H100 SXM5 80GB: NVIDIA H100 Tensor Core GPU datasheet (2023), SXM column, dense:
 #   FP64 34 TF, FP64 TC 67 TF, FP32 67 TF, TF32 TC 494.5 TF, BF16/FP16 TC 989.5 TF,
 #   FP8 TC 1979 TF, INT8 TC 1979 TOPS, HBM3 3.35 TB/s.
@@ -92,13 +116,13 @@ _H100_TENSOR = {"fp64": 67 * T, "tf32": 494.5 * T, "fp16": 989.5 * T, "fp8": 197
 _H100_VECTOR = {"fp64": 34 * T, "fp32": 67 * T, "fp16": 134 * T, "int32": 16.7 * T, "int64": 4.2 * T, "int8": 16.7 * T}
 
 H100 = Hardware(
-    "h100", 3.35e12, _H100_VECTOR, _H100_TENSOR, launch_s=4e-6,
+    "h100", 3.35e12, _H100_VECTOR, _H100_TENSOR, launch_s=4e-6, family_launch_s=_GPU_LAUNCH,
     source="NVIDIA H100 Tensor Core GPU datasheet (SXM5, dense); int vector rates derived from the Hopper whitepaper",
 )
 # H200 SXM 141GB: NVIDIA H200 Tensor Core GPU datasheet (2024): same compute as H100 SXM,
 #   HBM3e 4.8 TB/s.
 H200 = Hardware(
-    "h200", 4.8e12, _H100_VECTOR, _H100_TENSOR, launch_s=4e-6,
+    "h200", 4.8e12, _H100_VECTOR, _H100_TENSOR, launch_s=4e-6, family_launch_s=_GPU_LAUNCH,
     source="NVIDIA H200 Tensor Core GPU datasheet (SXM, dense); compute as H100 SXM",
 )
 # A100 SXM4 80GB: NVIDIA A100 Tensor Core GPU datasheet (2021), dense:
@@ -110,7 +134,7 @@ A100 = Hardware(
     "a100", 2.039e12,
     {"fp64": 9.7 * T, "fp32": 19.5 * T, "fp16": 78 * T, "int32": 9.75 * T, "int64": 2.4 * T, "int8": 9.75 * T},
     {"fp64": 19.5 * T, "tf32": 156 * T, "fp16": 312 * T, "int8": 624 * T},
-    launch_s=5e-6,
+    launch_s=5e-6, family_launch_s=_GPU_LAUNCH,
     source="NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB, dense); fp16/int vector rates derived (Ampere whitepaper)",
 )
 # B200: NVIDIA HGX B200 / DGX B200 datasheet (2024), per GPU, dense = half the sparse figures:
@@ -121,19 +145,38 @@ B200 = Hardware(
     "b200", 8.0e12,
     {"fp64": 40 * T, "fp32": 80 * T, "fp16": 160 * T, "int32": 20 * T, "int64": 5 * T, "int8": 20 * T},
     {"fp64": 40 * T, "tf32": 1100 * T, "fp16": 2250 * T, "fp8": 4500 * T, "int8": 4500 * T},
-    launch_s=4e-6,
+    launch_s=4e-6, family_launch_s=_GPU_LAUNCH,
     source="NVIDIA HGX B200 datasheet (per GPU, dense = sparse/2); vector rates derived",
 )
-# Generic CPU: a placeholder for a ~16-core AVX2 server socket (DERIVED: 16 cores x 2 FMA units x
-#   8 fp32 lanes x 2 ops x 2.5 GHz ~ 1.3 TF fp32; bandwidth 4 DDR4-3200 channels ~ 100 GB/s;
-#   ~5 us eager-op dispatch). Calibrate it on the machine at hand:
-#   benchmarks/cost_model_accuracy.py --calibrate builds a measured profile.
+# CPU: MEASURED on the project's 2-core dev box (AMD EPYC, AVX-512, 2 MB L2/core, 32 MB L3),
+#   torch 2.13.0+cpu, 1 intra-op thread, process CPU time, by
+#   `benchmarks/cost_model_accuracy.py --print-profile` (one of three runs, the middle bandwidth).
+#   It is one core of one machine: calibrate your own (`--print-profile`) and register it.
+#   - memory_bandwidth: a 64 MB copy (DRAM streaming); launch_s: a 1-element add.
+#   - vector: cache-resident adds per dtype; int64 from a sum (torch's int64 add computes
+#     a + alpha*b with a 64-bit multiply: 1.5 G/s, a multiply rate). tensor: a 256^3 mm.
+#   - family_efficiency[f] = model roofline time / measured time of a 2**18-element (1 MB fp32)
+#     1-d call of the family (add, sum, clone, gather, scatter_add, index of 64-float rows, sort,
+#     cumsum fp32 and int64, histc). Values > 1 (pointwise 4.4, copy 3.0, reduction 3.1) mean the
+#     L2/L3-resident call runs faster than DRAM streaming; values < 1 are kernels far below the
+#     roofline: element-granular gather 0.2 (~2 ns per element), sort 0.022 (a comparison-and-move
+#     costs ~45 adds), fp32 cumsum 0.32 (one dependent add per element, latency bound),
+#     histc 0.09 (binning arithmetic), row index 0.43.
+#   - family_launch_s[f]: a 16-element call of the same op (per-op dispatch floor).
 CPU = Hardware(
-    "cpu", 100e9,
-    {"fp64": 0.64 * T, "fp32": 1.28 * T, "fp16": 0.64 * T, "int32": 0.64 * T, "int64": 0.32 * T, "int8": 0.64 * T},
-    {},
-    compute_efficiency=0.5, memory_efficiency=0.7, launch_s=5e-6,
-    source="rough AVX2 server estimate (derived, see comment); calibrate for real use",
+    "cpu", 26e9,
+    {"fp32": 9.9e9, "fp64": 4.8e9, "fp16": 5.4e9, "int32": 9.7e9, "int8": 37e9, "int64": 10e9},
+    {"fp32": 99e9, "fp16": 196e9},
+    compute_efficiency=1.0, memory_efficiency=1.0, launch_s=1.2e-6,
+    family_efficiency={
+        "pointwise": 4.4, "reduction": 3.1, "copy": 3.0, "gather": 0.2, "scatter": 0.88, "index": 0.43,
+        "sort": 0.022, "scan": 0.32, "scan:int64": 1.6, "histogram": 0.09,
+    },
+    family_launch_s={
+        "pointwise": 1.9e-6, "reduction": 2.0e-6, "copy": 1.9e-6, "gather": 2.0e-6, "scatter": 2.7e-6,
+        "index": 3.6e-6, "sort": 4.5e-6, "scan": 2.2e-6, "histogram": 5.5e-6, "factory": 2.5e-6, "view": 2.2e-6,
+    },
+    source="measured on the 2-core dev box, 1 thread (benchmarks/cost_model_accuracy.py); calibrate your own",
 )
 
 _PROFILES: dict[str, Hardware] = {h.name: h for h in (H100, H200, A100, B200, CPU)}

@@ -5,9 +5,11 @@ Lookup order (first that applies wins):
 1. a user rule's ``Rule.flops`` / ``Rule.bytes`` from :func:`dtensor_rules.registry.rules`
    (how users price their own custom ops);
 2. our per-op table (:mod:`dtensor_rules.costs.formulas`), keyed by ``OpOverload``;
-3. generic families: views (free), pointwise ops (1 op per output element),
-   reductions (1 op per input element);
-4. ``fallback=True`` only: a memory-bound estimate (inputs read + outputs written,
+3. torch's own flop formula (``torch.utils.flop_counter.flop_registry``: mm, addmm, bmm,
+   baddbmm, convolution, attention, ...) with operand/output bytes;
+4. generic families: views (free), factories, copies, pointwise ops (1 op per output
+   element), reductions (1 op per input element);
+5. ``fallback=True`` only: a memory-bound estimate (inputs read + outputs written,
    0 flops) marked ``exact=False, source="fallback"``; otherwise :class:`CostError`.
 
 Formulas read only shapes, strides and dtypes, except where the cost depends on data
@@ -40,6 +42,9 @@ class OpCost:
     a multiply-add being 2. ``unit`` says which hardware unit does them: ``"tensor"``
     (matrix engines: tensor cores, AMX) or ``"vector"`` (ALUs). ``dtype`` is the dtype the
     arithmetic runs in. ``exact`` is False when a data-dependent quantity was assumed.
+    ``family`` names the kind of kernel (``matmul``, ``pointwise``, ``reduction``, ``copy``,
+    ``gather``, ``scatter``, ``sort``, ``scan``, ``histogram``, ``factory``, ``view``): a
+    hardware profile may carry a per-family efficiency (``Hardware.family_efficiency``).
     """
 
     flops: int
@@ -50,6 +55,7 @@ class OpCost:
     exact: bool = True
     source: str = "table"
     note: str = ""
+    family: str = ""
 
     @property
     def bytes(self) -> int:
@@ -65,6 +71,7 @@ class OpCost:
             self.exact and other.exact,
             self.source if self.source == other.source else f"{self.source}+{other.source}",
             "; ".join(n for n in (self.note, other.note) if n),
+            self.family if self.family == other.family else "mixed",
         )
 
 
@@ -108,6 +115,11 @@ def estimate_call(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = 
     if formula is not None:
         return formula(overload, args, kwargs)
 
+    from dtensor_rules.costs.formulas.torch_flops import torch_flop_cost
+
+    cost = torch_flop_cost(overload, args, kwargs)
+    if cost is not None:
+        return cost
     cost = generic_cost(overload, args, kwargs)
     if cost is not None:
         return cost
@@ -177,11 +189,24 @@ def _tensors(args: Any, kwargs: Any) -> list[torch.Tensor]:
 
 def run_on_meta(op: OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     """Output tensors of ``op`` computed by its meta kernel (shapes only; raises CostError if it has none)."""
-    from torch.utils._pytree import tree_leaves, tree_map
+    from torch.utils._pytree import tree_leaves
+
+    return [t for t in tree_leaves(meta_call(op, args, kwargs)) if isinstance(t, torch.Tensor)]
+
+
+def meta_call(op: OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``op``'s output (as returned, e.g. a tuple) computed on meta copies of the tensor arguments.
+
+    ``device`` arguments (``_to_copy(..., device=cpu)``, factories) are redirected to meta too,
+    so nothing is allocated or copied.
+    """
+    from torch.utils._pytree import tree_map
 
     def to_meta(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             return torch.empty_strided(tuple(x.shape), tuple(x.stride()), dtype=x.dtype, device="meta")
+        if isinstance(x, torch.device):
+            return torch.device("meta")
         return x
 
     margs, mkwargs = tree_map(to_meta, (tuple(args), dict(kwargs)))
@@ -189,7 +214,7 @@ def run_on_meta(op: OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> 
         out = op(*margs, **mkwargs)
     except Exception as e:  # data-dependent output shapes, missing meta kernels
         raise CostError(f"cannot infer the output of {op} from shapes alone ({type(e).__name__}: {e})") from e
-    return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return out
 
 
 def _memory_fallback(op: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpCost:

@@ -20,7 +20,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, TupleStrategy
 from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
-from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
 from torch.utils import _pytree as pytree
@@ -65,9 +64,20 @@ def _replace_tensors(tree: Any, values: Sequence[Any]) -> Any:
 
 
 def _op_strategy(op: OpOverload, args: tuple, kwargs: dict, mesh: DeviceMesh, current: list[tuple[Placement, ...]]) -> OpStrategy:
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    """Our rule's strategy for this call, built as DTensor's dispatch builds it.
 
-    from dtensor_rules.registry import get_rule
+    Every tensor leaf (tensors inside lists included, ``None`` skipped) becomes an
+    ``OpStrategy`` holding its current placement; the schema is pytree-aware
+    (``needs_pytree``) so list elements count as inputs. Single-dim rules are expanded
+    with DTensor's own ``_expand_single_dim_strategy_to_mesh``, op-strategy rules are called.
+    """
+    from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
+    from torch.distributed.tensor._ops.single_dim_strategy import (
+        _expand_single_dim_strategy_to_mesh,
+        _SingleDimStrategyInfo,
+    )
+
+    from dtensor_rules.registry import default_schema_info, get_rule
 
     rule = get_rule(op)
     tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
@@ -75,27 +85,47 @@ def _op_strategy(op: OpOverload, args: tuple, kwargs: dict, mesh: DeviceMesh, cu
         OpStrategy([OpSpec(DTensorSpec(mesh, tuple(pl), tensor_meta=_meta_of(t)))]) for t, pl in zip(tensors, current)
     ]
     s_args, s_kwargs = _replace_tensors((args, kwargs), input_strats)
-    schema = OpSchema(op, s_args, s_kwargs)
+    info = rule.schema_info or default_schema_info(op)
+    has_list = any(isinstance(a, (list, tuple)) for a in (*args, *kwargs.values()))
+    if has_list and not info.needs_pytree:
+        info = RuntimeSchemaInfo(info.static_argnum, info.static_kwargkey, needs_pytree=True)
+    schema = OpSchema(op, s_args, s_kwargs, schema_info=info)
     if rule.kind == "op_strategy":
         result = rule.strategy(schema)
     else:
-        n_out = sum(1 for r in op._schema.returns if "Tensor" in str(r.type))
-        m_args, m_kwargs = _replace_tensors((args, kwargs), [_meta_of(t) for t in tensors])
-        per_dim = rule.strategy(op, m_args, m_kwargs)
-        filled = [[Shard(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in s] for s in per_dim]
-        filled.insert(0, [Replicate()] * (n_out + len(tensors)))
-        with FakeTensorMode(allow_non_fake_inputs=True):
-            out = op(*args, **kwargs)
+        def filled(o: OpOverload, a: Any, k: Any) -> list[list[Placement]]:
+            # dispatch fills placeholders with the shard types its inputs use: plain Shard here
+            return [[Shard(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in st] for st in rule.strategy(o, a, k)]
+
+        out = _output(op, args, kwargs, tensors)
         out_meta = _meta_of(out) if isinstance(out, torch.Tensor) else tuple(
             _meta_of(o) if isinstance(o, torch.Tensor) else None for o in out
         )
-        result = expand_to_full_mesh_op_strategy(
-            mesh, schema, filled, output_tensor_meta=out_meta, input_index=n_out,
-            allow_uneven_sharding=rule.allow_uneven_sharding,
-        )
+        m_args, m_kwargs = _replace_tensors((args, kwargs), [_meta_of(t) for t in tensors])
+        info_fn = _SingleDimStrategyInfo(func=filled, allow_uneven_sharding=rule.allow_uneven_sharding)
+        result = _expand_single_dim_strategy_to_mesh(mesh, schema, info_fn, out_meta)(op, m_args, m_kwargs)
     if isinstance(result, TupleStrategy):
-        raise CostError(f"strategy_costs does not support list-output (TupleStrategy) rules yet ({op})")
+        raise CostError(
+            f"{op}: the rule returned one strategy per list element (TupleStrategy, foreach-style); "
+            "price each element's op separately with strategy_costs"
+        )
     return result
+
+
+def _output(op: OpOverload, args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> Any:
+    """The op's output for its tensor metadata: on fake tensors, or run for real when the
+    output shape depends on the data (``bincount``) and the inputs hold data."""
+    from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
+
+    from dtensor_rules.costs._util import is_concrete
+
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            return op(*args, **kwargs)
+    except DynamicOutputShapeException:
+        if all(is_concrete(t) for t in tensors):
+            return op(*args, **kwargs)
+        raise CostError(f"{op}: the output shape depends on the data; pass real tensors to strategy_costs") from None
 
 
 def _local_meta(t: torch.Tensor, mesh_shape: tuple[int, ...], coord: list[int], placements: Sequence[Placement]) -> torch.Tensor:

@@ -12,6 +12,10 @@
   ``max(max(self) + 1, minlength)`` counts of int64 (no weights), float32 (float32
   weights) or float64 (other weights). The length needs the data: on fake/meta inputs
   it is assumed to be ``max(minlength, 1)`` (``exact=False``).
+
+Families: ``scan`` (cumsum), ``histogram`` (histc: binning arithmetic per element), and
+``scatter`` for bincount (``counts[x[i]] += 1`` is an indexed read-modify-write, the
+access pattern of scatter_add).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dtensor_rules.costs.op_cost import OpCost
 aten = torch.ops.aten
 
 
-@formula(aten.cumsum.default, aten.cumsum_.default)
+@formula(aten.cumsum.default, aten.cumsum_.default, family="scan")
 def cumsum_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, dtype = b["self"], b["dtype"]
     if op is aten.cumsum_.default:
@@ -43,7 +47,7 @@ def cumsum_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return OpCost(n, nbytes(self), n * out_dtype.itemsize, dtype=out_dtype)
 
 
-@formula(aten.histc.default)
+@formula(aten.histc.default, family="histogram")
 def histc_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, bins = b["self"], int(b["bins"])
     n = numel(self)
@@ -53,7 +57,7 @@ def histc_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return OpCost(flops, read, bins * self.dtype.itemsize, dtype=self.dtype)
 
 
-@formula(aten.bincount.default)
+@formula(aten.bincount.default, family="scatter")
 def bincount_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, weights, minlength = b["self"], b["weights"], int(b["minlength"])
     n = numel(self)

@@ -11,8 +11,8 @@ scatter(self, dim, index, src)     self (copy) + index + k * src isz           s
 scatter.value                      self (copy) + index                         self (copy) + k * isz      0
 scatter_add / scatter_reduce       as scatter + k * isz (read-modify-write)    as scatter                 k (mean: + self)
 in-place variants (``..._``)       as above without the copy of self           k * isz                    as above
-index(self, indices)               indices + k_out * isz                       k_out * isz                0
-index_put(self, indices, values)   self (copy) + indices + values              self (copy) + k * isz      0
+index(self, indices)               indices + k_out * isz (+ mask cost)         k_out * isz (+ coords)     0
+index_put(self, indices, values)   self (copy) + indices + values (+ mask)     self (copy) + k * isz (+)  0
 index_put(accumulate=True)         as index_put + k * isz                      as index_put               k
 slice_scatter(self, src, ...)      self + src                                  self (copy) + src          0
 =================================  ==========================================  =========================  =================
@@ -21,7 +21,15 @@ slice_scatter(self, src, ...)      self + src                                  s
 For ``index``/``index_put``, ``k`` is the number of positions the indices select
 (broadcast of integer indices, count of True in boolean masks) and ``k_out = k *``
 the non-indexed dims. Boolean masks are counted from the data when concrete; on fake/meta
-tensors every element is assumed True (an upper bound, ``exact=False``).
+tensors every element is assumed True (an upper bound, ``exact=False``). A mask is first
+converted to int64 coordinates (``nonzero``): "mask cost" = the mask's bytes read plus
+``k * mask.ndim * 8`` bytes of coordinates written and the same read back.
+
+Families (``OpCost.family``, for per-family hardware efficiency): ``gather``/``scatter``
+for element-granular access (gather, scatter*, and index/index_put selecting fewer than
+16 contiguous elements per position), ``index`` for row-granular index/index_put
+(>= 16 contiguous elements per position: the kernel streams runs), ``copy`` for cat and
+slice_scatter.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ aten = torch.ops.aten
 _MASK_NOTE = "boolean mask values unknown (fake/meta): all True assumed (upper bound)"
 
 
-@formula(aten.cat.default)
+@formula(aten.cat.default, family="copy")
 def cat_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     tensors = [t for t in b["tensors"] if not (t.dim() == 1 and t.shape[0] == 0)]  # legacy empty inputs are skipped
     if not tensors:
@@ -52,7 +60,7 @@ def cat_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return OpCost(0, sum(nbytes(t) for t in tensors), out, dtype=dtype)
 
 
-@formula(aten.gather.default)
+@formula(aten.gather.default, family="gather")
 def gather_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, index = b["self"], b["index"]
     k, isz = numel(index), self.dtype.itemsize
@@ -63,7 +71,7 @@ _SCATTER_OUT = (aten.scatter.src, aten.scatter.value, aten.scatter_add.default, 
 _SCATTER_INPLACE = (aten.scatter_.src, aten.scatter_.value, aten.scatter_add_.default, aten.scatter_reduce_.two)
 
 
-@formula(*_SCATTER_OUT, *_SCATTER_INPLACE)
+@formula(*_SCATTER_OUT, *_SCATTER_INPLACE, family="scatter")
 def scatter_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, index = b["self"], b["index"]
     src = b.get("src")
@@ -84,11 +92,18 @@ def scatter_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return OpCost(flops, read, written, dtype=self.dtype)
 
 
-def _indexed_positions(self: torch.Tensor, indices: list[Any], op: OpOverload) -> tuple[int, int, bool]:
-    """(k positions selected, elements per position from non-indexed dims, exact)."""
+ROW_ELEMS = 16  # elements per indexed position from which a kernel copies contiguous runs ("index" family)
+
+
+def _indexed_positions(self: torch.Tensor, indices: list[Any], op: OpOverload) -> tuple[int, int, bool, int, int]:
+    """(k positions, elements per position from non-indexed dims, exact, mask bytes read, mask bytes written).
+
+    A boolean mask is first turned into int64 coordinates (``nonzero``): its cost is the
+    mask read plus ``k * mask.ndim`` int64 coordinates written and read back.
+    """
     shapes: list[tuple[int, ...]] = []
     kept: list[int] = []
-    d, exact = 0, True
+    d, exact, mask_read, mask_written = 0, True, 0, 0
     for idx in indices:
         if idx is None:
             if d >= self.dim():
@@ -97,10 +112,14 @@ def _indexed_positions(self: torch.Tensor, indices: list[Any], op: OpOverload) -
             d += 1
         elif idx.dtype in (torch.bool, torch.uint8):
             if is_concrete(idx):
-                shapes.append((int(torch.count_nonzero(idx)),))
+                true = int(torch.count_nonzero(idx))
             else:
-                shapes.append((numel(idx),))
+                true = numel(idx)
                 exact = False
+            shapes.append((true,))
+            coords = true * idx.dim() * torch.int64.itemsize
+            mask_read += nbytes(idx) + coords
+            mask_written += coords
             d += idx.dim()
         else:
             shapes.append(tuple(idx.shape))
@@ -109,26 +128,35 @@ def _indexed_positions(self: torch.Tensor, indices: list[Any], op: OpOverload) -
         raise CostError(f"{op}: indices address {d} dims of a {self.dim()}-d tensor")
     kept += [int(s) for s in self.shape[d:]]
     k = numel(broadcast_shape(*shapes)) if shapes else 1
-    return k, math.prod(kept), exact
+    return k, math.prod(kept), exact, mask_read, mask_written
 
 
-@formula(aten.index.Tensor)
+def _index_family(per: int) -> str:
+    """Row-granular indexing (>= ROW_ELEMS contiguous elements per position) vs element-granular."""
+    return "index" if per >= ROW_ELEMS else "gather"
+
+
+def _idx_bytes(indices: list[Any]) -> int:
+    return sum(nbytes(i) for i in indices if i is not None and i.dtype not in (torch.bool, torch.uint8))
+
+
+@formula(aten.index.Tensor, family="index")
 def index_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, indices = b["self"], list(b["indices"])
-    k, per, exact = _indexed_positions(self, indices, op)
+    k, per, exact, mask_read, mask_written = _indexed_positions(self, indices, op)
     out = k * per * self.dtype.itemsize
-    idx_bytes = sum(nbytes(i) for i in indices if i is not None)
-    return OpCost(0, idx_bytes + out, out, dtype=self.dtype, exact=exact, note="" if exact else _MASK_NOTE)
+    return OpCost(0, _idx_bytes(indices) + mask_read + out, out + mask_written, dtype=self.dtype, exact=exact,
+                  note="" if exact else _MASK_NOTE, family=_index_family(per))
 
 
-@formula(aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default)
+@formula(aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default, family="index")
 def index_put_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, indices, values = b["self"], list(b["indices"]), b["values"]
-    k, per, exact = _indexed_positions(self, indices, op)
+    k, per, exact, mask_read, mask_written = _indexed_positions(self, indices, op)
     isz = self.dtype.itemsize
     elems = k * per
-    read = sum(nbytes(i) for i in indices if i is not None) + nbytes(values)
-    written = elems * isz
+    read = _idx_bytes(indices) + mask_read + nbytes(values)
+    written = elems * isz + mask_written
     flops = 0
     if b["accumulate"]:
         read += elems * isz
@@ -136,10 +164,11 @@ def index_put_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     if op is aten.index_put.default:
         read += nbytes(self)
         written += numel(self) * isz
-    return OpCost(flops, read, written, dtype=self.dtype, exact=exact, note="" if exact else _MASK_NOTE)
+    family = "scatter" if per < ROW_ELEMS else "index"
+    return OpCost(flops, read, written, dtype=self.dtype, exact=exact, note="" if exact else _MASK_NOTE, family=family)
 
 
-@formula(aten.slice_scatter.default)
+@formula(aten.slice_scatter.default, family="copy")
 def slice_scatter_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, src = b["self"], b["src"]
     isz = self.dtype.itemsize

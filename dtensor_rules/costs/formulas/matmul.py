@@ -50,7 +50,7 @@ def group_sizes(offs: torch.Tensor | None, groups: int, total: int) -> tuple[lis
     return [q + (1 if g < r else 0) for g in range(groups)], False
 
 
-@formula(GROUPED_MM)
+@formula(GROUPED_MM, family="matmul")
 def grouped_mm_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     a, m2, offs, bias = b["self"], b["mat2"], b["offs"], b["bias"]
     out_dtype = b["out_dtype"] or a.dtype

@@ -31,7 +31,7 @@ def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> OpCost:
     return OpCost(2 * n, nbytes(a) + nbytes(b) + nbytes(c), n * dtype.itemsize, dtype=dtype)
 
 
-@formula(FMA)
+@formula(FMA, family="pointwise")
 def fma_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return _fma(b["a"], b["b"], b["c"])
 
@@ -54,7 +54,7 @@ def _softmax_backward(g: torch.Tensor, y: torch.Tensor, input_dtype: Any) -> OpC
     return OpCost(4 * n, nbytes(g) + nbytes(y), n * out_dtype.itemsize, dtype=g.dtype)
 
 
-@formula(*SOFTMAX_BACKWARD)
+@formula(*SOFTMAX_BACKWARD, family="reduction")
 def softmax_backward_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return _softmax_backward(b["grad_output"], b["output"], b["input_dtype"])
 

@@ -30,7 +30,7 @@ def _log2(n: int) -> int:
     return math.ceil(math.log2(n)) if n > 1 else 0
 
 
-@formula(aten.sort.default, aten.sort.stable, aten.argsort.default, aten.argsort.stable)
+@formula(aten.sort.default, aten.sort.stable, aten.argsort.default, aten.argsort.stable, family="sort")
 def sort_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self = b["self"]
     total = numel(self)
@@ -40,7 +40,7 @@ def sort_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return OpCost(flops, nbytes(self), total * (self.dtype.itemsize + INDEX_BYTES), dtype=self.dtype)
 
 
-@formula(aten.topk.default)
+@formula(aten.topk.default, family="sort")
 def topk_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, k = b["self"], int(b["k"])
     n = dim_size(self, b["dim"])
