@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import sys
-import types
 
 import pytest
 import torch
@@ -114,35 +114,60 @@ def test_traces_with_make_fx_without_data_dependent_ops() -> None:
     assert torch.ops.aten._local_scalar_dense.default not in targets  # no .item() on the hot path
 
 
-class _TorchtitanStylePermute:
-    """Pure-torch stand-in with the contract MoE expects from ``dtensor_rules.kernels``."""
-
-    @staticmethod
-    def moe_permute_indices(counts, experts_per_rank, num_ranks, max_len, alignment):
-        sizes = torch.clamp_min((counts + alignment - 1) // alignment * alignment, alignment)
-        offsets = torch.cumsum(sizes, 0)
-        perm = torch.full((max_len,), -1, dtype=torch.int32)
-        start = 0
-        for e in range(experts_per_rank):
-            n, w = int(counts[e]), int(offsets[e] - sizes[e])
-            perm[w : w + n] = torch.arange(start, start + n, dtype=torch.int32)
-            start += n
-        return perm, sizes.to(torch.int32), offsets.to(torch.int32)
+def _kernel_twin(model: MoE) -> MoE:
+    """Same weights and buffers, permute_impl='kernel' (the real dtensor_rules.kernels op)."""
+    twin = MoE(dataclasses.replace(model.config, permute_impl="kernel"), dtype=model.gate.dtype)
+    twin.load_state_dict(model.state_dict())
+    return twin
 
 
-def test_kernel_permute_impl_matches_torch_impl(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "dtensor_rules.kernels", types.SimpleNamespace(**vars(_TorchtitanStylePermute)))
-    torch_model = make(torch.float32)
-    kernel_model = MoE(MoEConfig(**{**vars(CONFIG), "permute_impl": "kernel"}))
-    kernel_model.load_state_dict(torch_model.state_dict())
-    x = tokens(torch.float32)
-    for g, w in zip(value_and_grads(kernel_model, x), value_and_grads(torch_model, x)):
-        torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-6)
+ROUTINGS = {
+    "all experts used": None,
+    "experts 2 and 3 get no tokens": torch.tensor([10.0, 10.0, -10.0, -10.0]),
+}
+
+
+@pytest.mark.parametrize("routing", list(ROUTINGS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_kernel_permute_impl_is_identical_to_torch_impl(dtype: torch.dtype, routing: str) -> None:
+    """Same ops on the same rows in the same order: outputs and every gradient bit-identical."""
+    torch_model = make(dtype)
+    if ROUTINGS[routing] is not None:
+        torch_model.expert_bias.copy_(ROUTINGS[routing])
+    kernel_model = _kernel_twin(torch_model)
+    x = tokens(dtype)
+    got, want = value_and_grads(kernel_model, x), value_and_grads(torch_model, x)
+    assert len(got) == len(want) == 2 + len(list(torch_model.parameters()))
+    for name, g, w in zip(["output", "grad x", *dict(torch_model.named_parameters())], got, want):
+        assert torch.equal(g, w), f"{name}: max diff {(g.float() - w.float()).abs().max()}"
+
+
+def test_kernel_permute_impl_calls_the_custom_op_and_drops_padding_rows() -> None:
+    """The kernel path really runs dtensor_rules.kernels.moe_permute_indices, and its output
+    has -1 padding rows inside expert blocks and past m_offsets[-1] (so the combine's
+    'keep only index >= 0' matters for this sample)."""
+    from dtensor_rules.coverage import trace_joint
+    from dtensor_rules.kernels import moe_permute_indices
+
+    model = _kernel_twin(make(torch.bfloat16))
+    graph = trace_joint(model, (tokens(torch.bfloat16),))
+    targets = {n.target for n in graph.graph.nodes if n.op == "call_function"}
+    assert torch.ops.dtensor_rules.moe_permute_indices.default in targets
+
+    x2 = tokens(torch.bfloat16).reshape(-1, CONFIG.dim)
+    idx, _ = model.route(x2)
+    counts = torch.bincount(idx.reshape(-1), minlength=CONFIG.n_experts)
+    L, A = model.buffer_len(x2.shape[0], torch.bfloat16), alignment_for(torch.bfloat16)
+    perm, sizes, offs = moe_permute_indices(counts, CONFIG.n_experts, 1, L, A)
+    end = int(offs[-1])
+    assert end < L and (perm[end:] == -1).all()  # tail past the last block: never computed
+    assert (perm[:end] == -1).any()  # padding inside the blocks
+    assert sorted(perm[perm >= 0].tolist()) == list(range(idx.numel()))  # every assignment exactly once
 
 
 def test_kernel_permute_impl_without_kernels_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "dtensor_rules.kernels", None)  # import fails
-    model = MoE(MoEConfig(**{**vars(CONFIG), "permute_impl": "kernel"}))
+    model = MoE(dataclasses.replace(CONFIG, permute_impl="kernel"))
     with pytest.raises(RuntimeError, match="moe_permute_indices.*permute_impl='torch'"):
         model(tokens(torch.float32))
 
@@ -204,6 +229,24 @@ def test_sharded_matches_single_device_simulated_2x2(dtype: torch.dtype) -> None
     _assert_matches(got, want, dtype)
 
 
+def test_sharded_kernel_impl_uneven_tokens_matches_single_device_simulated_2x2() -> None:
+    """22 tokens: 11 per 'ep' rank, split 6/5 wherever 'tp' shards them; the permute is the custom op.
+
+    Tokens are 2-D on purpose: with 3-D tokens whose leading dims do not split evenly
+    the backward fails in upstream torch 2.13's view rule (view of a (Shard(0), Shard(0))
+    (66, 32) gradient to (6, 11, 32) raises "shape ... is invalid"), independent of our rules.
+    """
+    from dtensor_rules.testing import simulated_mesh
+
+    model = _kernel_twin(make(torch.float32))
+    x = tokens(torch.float32, (22, CONFIG.dim))
+    cot = tokens(torch.float32, (22, CONFIG.dim), seed=7)
+    want = value_and_grads(make(torch.float32), x)  # the torch permute, one device
+    with simulated_mesh((2, 2), names=("ep", "tp")) as mesh:
+        got = _sharded_run(model, x, cot, mesh)
+    _assert_matches(got, want, torch.float32)
+
+
 def _gloo_worker(rank: int, world: int, dtype_name: str) -> bool:
     import dtensor_rules  # noqa: F401  (installs the rules in the worker process)
     from torch.distributed.device_mesh import init_device_mesh
@@ -219,3 +262,28 @@ def test_sharded_matches_single_device_gloo_4_ranks() -> None:
     from dtensor_rules.testing import run_gloo
 
     assert run_gloo(_gloo_worker, 4, "bfloat16", timeout=240) == [True] * 4
+
+
+# --------------------------------------------------------------------------- coverage
+@pytest.mark.parametrize("permute_impl", ["torch", "kernel"])
+def test_every_op_of_forward_and_backward_has_a_rule(permute_impl: str) -> None:
+    """Ours or upstream's, answering for the traced shapes: no decomposition-only, handler-only or missing op."""
+    from dtensor_rules.coverage import coverage
+
+    model = MoE(dataclasses.replace(CONFIG, permute_impl=permute_impl), dtype=torch.bfloat16)
+    report = coverage(model, (tokens(torch.bfloat16, (2, 4, 16)),), mesh_shape=(2, 2))
+    assert len(report.rows) > 30  # the whole joint graph, not an empty trace
+    assert {r.rule for r in report.rows} == {"ours", "upstream"}, [(r.name, r.rule) for r in report.rows if r.rule not in ("ours", "upstream")]
+    assert [r.name for r in report.rows if r.strategies == "err"] == []
+    ours = {r.name for r in report.rows if r.rule == "ours"}
+    assert {"aten._grouped_mm.default", "aten.histc.default", "aten.scatter_add.default"} <= ours
+    if permute_impl == "kernel":
+        assert "dtensor_rules.moe_permute_indices.default" in ours
+
+
+def test_coverage_cli_exits_zero_on_2x2(capsys: pytest.CaptureFixture[str]) -> None:
+    from dtensor_rules.__main__ import main
+
+    assert main(["coverage", "--mesh", "2x2"]) == 0
+    out = capsys.readouterr().out
+    assert "0 decomp, 0 handler, 0 none" in out

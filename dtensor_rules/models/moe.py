@@ -18,7 +18,10 @@ Pipeline (T tokens, E experts, k = top_k, A = alignment, L = T*k + E*A):
 6. plus a shared-expert SwiGLU MLP (hidden ``n_shared * hidden``) on every token.
 
 No ``.item()``/``.tolist()``/data-dependent shapes: every buffer size is a Python int
-computed from shapes, so the block traces and runs under DTensor.
+computed from shapes, so the block traces and runs under DTensor. Integer division is
+``torch.div(..., rounding_mode="floor")`` rather than ``//`` (``aten.floor_divide``), which
+DTensor only handles through a decomposition: every op of forward+backward has a sharding
+rule (``python -m dtensor_rules coverage`` lists them; ``tests/test_moe_model.py`` pins 0 without).
 
 ``_grouped_mm`` on CPU in torch 2.13: the eager kernel accepts float32 and any offsets
 (no alignment requirement), but its meta kernel (used by FakeTensor, make_fx
@@ -139,7 +142,7 @@ class MoE(nn.Module):
         counts = torch.histc(flat.float(), bins=E, min=0, max=E - 1).to(torch.int64)
         if c.permute_impl == "kernel":
             return order, *self._kernel_dest(counts, n, L, A)
-        padded = torch.clamp_min((counts + A - 1) // A * A, A)
+        padded = torch.clamp_min(torch.div(counts + A - 1, A, rounding_mode="floor") * A, A)
         ends = torch.cumsum(padded, 0)
         shift = (ends - padded) - (torch.cumsum(counts, 0) - counts)  # padded start - unpadded start
         sorted_expert = flat[order]
@@ -199,7 +202,7 @@ class MoE(nn.Module):
         idx, weights = self.route(x2)
         gdt = c.gmm_dtype or x2.dtype
         order, dest, offs = self.dispatch(idx, gdt)
-        token = order // k
+        token = torch.div(order, k, rounding_mode="floor")  # not `//`: aten.floor_divide has no rule
         x_pad = x2.new_zeros(self.buffer_len(T, gdt), c.dim).index_put((dest,), x2[token])
         out_pad = self.experts(x_pad, offs).to(x2.dtype)
         contrib = out_pad[dest] * weights.reshape(-1)[order].unsqueeze(-1)

@@ -1,0 +1,128 @@
+"""``python -m dtensor_rules demo``: runs clean end to end, and its checks can fail."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from expecttest import TestCase
+
+import dtensor_rules  # noqa: F401
+from dtensor_rules import demo
+from dtensor_rules.demo_ui import Steps, table
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_demo_command_exits_zero_and_every_check_holds() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-m", "dtensor_rules", "demo"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out = run.stdout
+    for title in ("1. the MoE block", "2. op coverage", "3. sharded = single device", "4. redistribute", "5. per-op cost"):
+        assert f"== {title}" in out
+    assert "every op has a rule: yes" in out
+    assert "sharded = single device: yes" in out
+    assert "full_tensor() == input: True" in out
+    assert "FAIL" not in out
+    assert "Traceback" not in run.stderr and "[rank" not in run.stderr  # torch's log chatter is silenced
+
+
+def test_demo_rejects_a_mesh_it_cannot_use(capsys) -> None:
+    assert demo.run_demo((4,)) == 2
+    assert "2-D ('ep', 'tp') mesh" in capsys.readouterr().err
+    assert demo.run_demo((3, 1)) == 2
+    assert "must divide n_experts=4" in capsys.readouterr().err
+
+
+def test_tolerance_check_rejects_a_wrong_result() -> None:
+    """The demo's 'ok' is not a formality: one wrong element fails it, in both dtypes."""
+    want = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    for dtype, bump in ((torch.float32, 1e-3), (torch.bfloat16, 0.1)):
+        w = want.to(dtype)
+        bad = w.clone()
+        bad[3, 2] += bump * w.abs().max()
+        assert demo.within_tolerance(w.clone(), w, dtype)
+        assert not demo.within_tolerance(bad, w, dtype)
+    rows = demo.compare(["t"], [[want, want + 1]], [want], torch.float32)  # one rank's copy is off
+    assert rows[0][0] == "t" and abs(rows[0][1] - 1.0) < 1e-6 and rows[0][2] is False
+
+
+def test_flop_rows_counts_what_torch_prices_at_zero_and_restores_registrations() -> None:
+    from torch.utils import flop_counter as fc
+
+    from dtensor_rules.costs.flop_counter import registered_flop_formulas
+
+    before, ours_before = set(fc.flop_registry), set(registered_flop_formulas())
+    assert torch.ops.aten.histc in ours_before
+    model = demo.demo_model(torch.float32, permute_impl="torch")
+    x, cot = demo.demo_inputs(torch.float32, (10, demo.DEMO_CONFIG.dim))
+    rows = {r["op"]: r for r in demo.flop_rows(model, x, cot)}
+    # ours unregistered for the torch-only count, then registered again
+    assert (set(fc.flop_registry), set(registered_flop_formulas())) == (before, ours_before)
+    mm = rows["aten.mm.default"]
+    assert mm["torch_flops"] == mm["our_flops"] > 0  # torch's own formula is never replaced
+    histc = rows["aten.histc.default"]
+    n = 10 * demo.DEMO_CONFIG.top_k  # histc over the T*k expert ids: 5 ops per element (docs/costs.md)
+    assert (histc["calls"], histc["torch_flops"], histc["our_flops"]) == (1, 0, 5 * n)
+    assert rows["aten._grouped_mm.default"]["torch_flops"] == 0 < rows["aten._grouped_mm.default"]["our_flops"]
+
+
+def test_steps_bar_draws_only_on_a_terminal() -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for stream, drawn in ((io.StringIO(), False), (Tty(), True)):
+        out = io.StringIO()
+        with Steps("work", 2, out, stream=stream) as s:
+            s.step("first")
+            s.step("second")
+        assert ("work [############............] 1/2" in stream.getvalue()) == drawn
+        assert out.getvalue().startswith("(work: 2 steps in ")
+
+
+class TestDemoGolden(TestCase):
+    def test_table_layout(self) -> None:
+        self.assertExpectedInline(table([("a", 1, "x"), ("long name", 22, "")], ("op", "n", "note"), right=(1,)), """\
+op          n  note
+---------  --  ----
+a           1  x
+long name  22""")
+
+    def test_plan_section(self) -> None:
+        out = io.StringIO()
+        self.assertTrue(demo.section_plan((2, 2), out))
+        self.assertExpectedInline(out.getvalue(), """\
+
+== 4. redistribute to a non-default device order (dtensor_rules.plan) ==========
+routed-expert output, Partial over ep and token-sharded over tp, to token-sharded over both.
+device_order=(1, 0): tp splits the tokens first, ep second -- the layout the data already has:
+step  collective      mesh dims  bytes     cost_us  layout after
+0     start                                         PS(0)
+1     reduce_scatter  (0)        29360128  163.1    S(0)[1,0]
+total 163.1 us, peak 29360128 bytes/rank, mesh (2, 2), shape (4096, 7168)
+
+the same move to DTensor's default order (0, 1):
+step  collective      mesh dims  bytes     cost_us  layout after
+0     start                                         PS(0)
+1     reduce_scatter  (0)        29360128  163.1    S(1)S(0)
+2     all_to_all      (1)        14680064  85.1     S(1)[0,1]
+3     all_to_all      (0,1)      14680064  125.3    S(0)[0,1]
+total 373.6 us, peak 29360128 bytes/rank, mesh (2, 2), shape (4096, 7168)
+
+the device order saves 2.3x (1 vs 3 collectives)
+
+executed on the simulated mesh, tensor 10x3 (uneven): full_tensor() == input: True
+rank (ep, tp)  rows held
+-------------  ---------
+(0, 0)         0, 1, 2
+(0, 1)         5, 6, 7
+(1, 0)         3, 4
+(1, 1)         8, 9
+""")
