@@ -21,7 +21,9 @@ have=$(cat ".venv/.installed-$hash" 2>/dev/null || echo missing)
 if [ "$have" = missing ] || [ -n "$(comm -23 <(echo "$want") <(echo "$have"))" ]; then
   spec=.
   [ -n "$EXTRAS" ] && spec=".[$EXTRAS]"
-  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e "$spec"
+  # (the grep drops pip's notes about this machine's unused local index folders)
+  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e "$spec" \
+    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
   { [ "$have" = missing ] || echo "$have"; echo "$want"; } | sed '/^$/d' | sort -u > ".venv/.installed-$hash"
 fi
 shift || true
