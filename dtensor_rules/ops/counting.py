@@ -18,7 +18,9 @@ R                      R                implied
 - counts beyond the dtype's exact integer range are rounded, and single-device torch rounds them
   differently (bf16 histc of 1000 equal values gives 512); below it every count, per rank and
   summed, is an exact integer, so the sharded result equals single-device bit for bit.
-- no Partial input: bin membership is not linear in the values.
+- no Partial input: bin membership is not linear in the values. (The validator finds
+  P(max)/P(min) self -> P(sum) valid on the suites only because its non-owner ranks hold values
+  shifted out of [min, max]; if two ranks hold the true in-range value it is counted twice.)
 
 bincount(self, weights=None, minlength=0) -- per mesh dim ([out, self, weights] (+ out=)):
 
