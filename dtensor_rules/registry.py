@@ -14,6 +14,11 @@ Two kinds of strategy function are supported, mirroring upstream:
     redistribute costs. The all-Replicate strategy is implied.
 ``kind="op_strategy"``
     ``fn(op_schema) -> OpStrategy | TupleStrategy`` for rules that need the mesh.
+
+A rule may also carry a ``handler``: a DTensor custom-dispatch function
+``handler(op, args, kwargs)`` installed into ``DTensor._op_dispatcher._custom_op_handlers``
+(upstream's extension point for ops that cannot go through normal sharding propagation,
+e.g. data-dependent output shapes) and removed exactly like the strategy entries.
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ class Rule:
     doc: str = ""
     module: str = ""
     allow_uneven_sharding: bool = True
+    handler: Callable[..., Any] | None = None
     _installed_fn: Any = field(default=None, compare=False, repr=False)
 
 
@@ -84,12 +90,22 @@ _saved: dict[OpOverload, dict[str, tuple[bool, Any]]] = {}
 _STRATEGY_REGISTRIES = ("op_strategy_funcs", "op_single_dim_strategy_funcs", "op_to_rules")
 _SCHEMA_REGISTRIES = ("op_to_schema_info", "op_to_schema_info_for_single_dim_strategy")
 _ALL_REGISTRIES = _STRATEGY_REGISTRIES + _SCHEMA_REGISTRIES
+_HANDLERS = "_custom_op_handlers"  # lives on DTensor._op_dispatcher, not on the propagator
 
 
 def _propagator() -> Any:
     from torch.distributed.tensor import DTensor
 
     return DTensor._op_dispatcher.sharding_propagator
+
+
+def _registry(name: str) -> dict[Any, Any]:
+    """One of the dicts we patch: a propagator registry, or the dispatcher's custom handlers."""
+    from torch.distributed.tensor import DTensor
+
+    if name == _HANDLERS:
+        return DTensor._op_dispatcher._custom_op_handlers
+    return getattr(_propagator(), name)
 
 
 def _as_overload(op: Any) -> OpOverload:
@@ -152,8 +168,11 @@ def register(
     schema_info: RuntimeSchemaInfo | None = None,
     replace: bool = False,
     allow_uneven_sharding: bool = True,
+    handler: Callable[..., Any] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: register ``fn`` as the sharding rule of ``op`` (or of each op in a list).
+
+    ``handler``: optional DTensor custom-dispatch function for the op (see module docstring).
 
     Raises :class:`RuleError` if the op already has a rule here, unless ``replace=True``.
     Registration does not touch DTensor; :func:`install` does.
@@ -161,7 +180,7 @@ def register(
     ops = [_as_overload(o) for o in (op if isinstance(op, (list, tuple)) else [op])]
     if kind not in _KINDS:
         raise RuleError(f"unknown rule kind {kind!r}: use one of {_KINDS}")
-    for name, f in (("flops", flops), ("bytes", bytes)):
+    for name, f in (("flops", flops), ("bytes", bytes), ("handler", handler)):
         if f is not None and not callable(f):
             raise RuleError(f"{name}= must be a callable cost formula, got {f!r}")
 
@@ -190,6 +209,7 @@ def register(
                     doc=(fn.__doc__ or "").strip(),
                     module=getattr(fn, "__module__", ""),
                     allow_uneven_sharding=allow_uneven_sharding,
+                    handler=handler,
                 )
                 if was_active:
                     _install_ops([o], "override")
@@ -318,10 +338,8 @@ def _install_ops(ops: Sequence[OpOverload], policy: Policy) -> list[OpOverload]:
                 continue
             if policy == "fill" and _has_upstream(prop, op):
                 continue
-            _saved[op] = {
-                name: (op in getattr(prop, name), getattr(prop, name).get(op))
-                for name in _ALL_REGISTRIES
-            }
+            names = _ALL_REGISTRIES + ((_HANDLERS,) if rule.handler is not None else ())
+            _saved[op] = {name: (op in _registry(name), _registry(name).get(op)) for name in names}
             done.append(op)  # before mutating, so a failure below is rolled back too
             for name in _ALL_REGISTRIES:
                 getattr(prop, name).pop(op, None)
@@ -334,6 +352,8 @@ def _install_ops(ops: Sequence[OpOverload], policy: Policy) -> list[OpOverload]:
             else:
                 prop.op_strategy_funcs[op] = _checked_op_strategy(rule)
                 prop.op_to_schema_info[op] = rule.schema_info
+            if rule.handler is not None:
+                _registry(_HANDLERS)[op] = rule.handler
     except BaseException:
         # never leave the propagator half patched
         _uninstall_ops(done)
@@ -344,13 +364,12 @@ def _install_ops(ops: Sequence[OpOverload], policy: Policy) -> list[OpOverload]:
 
 
 def _uninstall_ops(ops: Sequence[OpOverload]) -> None:
-    prop = _propagator()
     for op in ops:
         saved = _saved.pop(op, None)
         if saved is None:
             continue
         for name, (present, value) in saved.items():
-            registry = getattr(prop, name)
+            registry = _registry(name)
             if present:
                 registry[op] = value
             else:

@@ -20,12 +20,11 @@ FMA = torch.ops.prims.fma.default
 SBD = torch.ops.aten._softmax_backward_data.default
 SBD_OUT = torch.ops.aten._softmax_backward_data.out
 
-REGISTRIES = registry._ALL_REGISTRIES
+REGISTRIES = registry._ALL_REGISTRIES + (registry._HANDLERS,)
 
 
 def snapshot() -> dict[str, dict]:
-    prop = DTensor._op_dispatcher.sharding_propagator
-    return {name: dict(getattr(prop, name)) for name in REGISTRIES}
+    return {name: dict(registry._registry(name)) for name in REGISTRIES}
 
 
 def assert_same(a: dict[str, dict], b: dict[str, dict]) -> None:
@@ -207,11 +206,12 @@ def test_import_without_install_and_old_torch_message():
         from torch.distributed.tensor import DTensor
         prop = DTensor._op_dispatcher.sharding_propagator
         names = %r
-        before = {n: dict(getattr(prop, n)) for n in names}
+        get = lambda n: getattr(DTensor._op_dispatcher if n == "_custom_op_handlers" else prop, n)
+        before = {n: dict(get(n)) for n in names}
         import dtensor_rules
         from dtensor_rules import registry
         assert registry.active_ops() == [], registry.active_ops()
-        after = {n: dict(getattr(prop, n)) for n in names}
+        after = {n: dict(get(n)) for n in names}
         assert all(before[n].keys() == after[n].keys() for n in names)
         assert all(before[n][k] is after[n][k] for n in names for k in before[n])
         torch.__version__ = "2.12.1"
@@ -256,3 +256,31 @@ def test_placeholder_strategies_pass_validation():
     meta = torch.distributed.tensor._dtensor_spec.TensorMeta(torch.Size([2, 3]), (3, 1), torch.float32)
     rows = info.func(FMA, (meta, meta, meta), {})
     assert [_ShardingPlaceholder(0).dim] == [rows[0][0].dim]
+
+
+def test_custom_dispatch_handler_installed_and_restored_exactly(restore_install):
+    """bincount's handler goes into DTensor's custom-op handlers with the rule and comes out with it,
+    putting back whatever was there before (here: a user's own handler)."""
+    bincount = torch.ops.aten.bincount.default
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+    assert handlers[bincount] is registry.get_rule(bincount).handler
+    dtensor_rules.uninstall()
+    assert bincount not in handlers
+    assert torch.ops.aten.is_same_size.default in handlers  # upstream's own handlers are untouched
+
+    def users_handler(op, args, kwargs):  # noqa: ANN001, ANN202
+        raise NotImplementedError
+
+    handlers[bincount] = users_handler
+    try:
+        dtensor_rules.install()
+        assert handlers[bincount] is registry.get_rule(bincount).handler
+        dtensor_rules.uninstall([bincount])
+        assert handlers[bincount] is users_handler
+    finally:
+        handlers.pop(bincount, None)
+
+
+def test_handler_must_be_callable():
+    with pytest.raises(RuleError, match="handler= must be a callable"):
+        registry.register(torch.ops.aten.bincount.default, handler=42, replace=True)

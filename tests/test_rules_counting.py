@@ -11,7 +11,7 @@ from torch._subclasses.fake_tensor import DynamicOutputShapeException
 from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
-import dtensor_rules  # noqa: F401  (installs the rules)
+import dtensor_rules  # (installs the rules)
 from dtensor_rules.testing.dispatch import full_value, to_dtensor
 from dtensor_rules.registry import get_rule
 from dtensor_rules.testing import check_rule, check_samples, simulated_mesh
@@ -112,13 +112,69 @@ def test_dtensor_histc_bf16_beyond_exact_counts_is_not_partial() -> None:
     torch.testing.assert_close(got[1], torch.histc(x, 1, -1, 1))
 
 
-def test_dtensor_bincount_is_blocked_before_any_rule() -> None:
-    """Known upstream limitation: DTensor computes output metadata on fake tensors, which cannot
-    give bincount's data-dependent shape; our rule is validated by simulation instead."""
+def test_dtensor_bincount_is_blocked_upstream() -> None:
+    """Upstream limitation our handler lifts: DTensor computes output metadata on fake tensors,
+    which cannot give bincount's data-dependent shape."""
     ids = torch.tensor([0, 3, 1, 1, 2])
-    with simulated_mesh((2,)) as mesh, pytest.raises(RuntimeError) as info:
-        torch.bincount(to_dtensor(ids, mesh, [Replicate()]))
+    dtensor_rules.uninstall([aten.bincount.default])
+    try:
+        with simulated_mesh((2,)) as mesh, pytest.raises(RuntimeError) as info:
+            torch.bincount(to_dtensor(ids, mesh, [Replicate()]))
+    finally:
+        dtensor_rules.install(ops=[aten.bincount.default])
     assert isinstance(info.value.__cause__, DynamicOutputShapeException), info.value
+    assert aten.bincount.default in dtensor_rules.registry.active_ops()
+
+
+_BC_LAYOUTS = [  # (mesh, self, weights, expected result placements)
+    ((3,), [Replicate()], [Partial("sum")], (Partial("sum"),)),
+    ((3,), [Replicate()], [Partial("avg")], (Partial("avg"),)),
+    ((3,), [Shard(0)], [Partial("sum")], (Partial("sum"),)),  # self gathered, weights stay Partial
+    ((3,), [Shard(0)], [Shard(0)], (Replicate(),)),
+    ((3,), [Replicate()], None, (Replicate(),)),
+    ((2, 3), [Replicate(), Shard(0)], [Partial("sum"), Partial("avg")], (Partial("sum"), Partial("avg"))),
+    ((2, 3), [Shard(0), Replicate()], [Replicate(), Partial("sum")], (Replicate(), Partial("sum"))),
+    ((2, 3), [Shard(0), Shard(0)], [Shard(0), Replicate()], (Replicate(), Replicate())),
+]
+
+
+@pytest.mark.parametrize("mesh_shape, self_pl, w_pl, expected", _BC_LAYOUTS, ids=str)
+@pytest.mark.parametrize("minlength", [0, 9])
+def test_dtensor_bincount_end_to_end(mesh_shape, self_pl, w_pl, expected, minlength) -> None:
+    """bincount runs through DTensor on uneven meshes (7 ids over 3 ranks): the rule's cheapest
+    strategy is chosen, Partial weights stay Partial, values equal single-device."""
+    g = torch.Generator().manual_seed(len(mesh_shape) + minlength)
+    ids, w = torch.randint(0, 6, (7,), generator=g), torch.rand(7, generator=g, dtype=torch.float64)
+    with simulated_mesh(mesh_shape) as mesh:
+        dids = to_dtensor(ids, mesh, self_pl, salt=1)
+        if w_pl is None:
+            out, want = torch.bincount(dids, minlength=minlength), torch.bincount(ids, minlength=minlength)
+        else:
+            dw = to_dtensor(w, mesh, w_pl, salt=2)
+            out, want = torch.bincount(dids, dw, minlength=minlength), torch.bincount(ids, w, minlength=minlength)
+        assert tuple(out.placements) == expected
+        assert out.shape == want.shape
+        torch.testing.assert_close(full_value(out), want)
+
+
+def test_dtensor_bincount_out_follows_the_out_tensor() -> None:
+    ids, w = torch.tensor([0, 3, 1, 1, 2]), torch.rand(5)
+    with simulated_mesh((2,)) as mesh:
+        dids, dw = to_dtensor(ids, mesh, [Replicate()]), to_dtensor(w, mesh, [Partial("sum")], salt=2)
+        for out_pl in ([Partial("sum")], [Replicate()]):
+            out = to_dtensor(torch.empty(4), mesh, out_pl)
+            res = aten.bincount.out(dids, dw, out=out)
+            assert res is out and tuple(out.placements) == tuple(out_pl)
+            torch.testing.assert_close(full_value(out), torch.bincount(ids, w))
+        with pytest.raises(RuntimeError, match="offers no output laid out like the out= tensor"):
+            aten.bincount.out(dids, dw, out=to_dtensor(torch.empty(4), mesh, [Shard(0)]))
+        with pytest.raises(RuntimeError, match="out= tensor cannot be resized, pass one like the result"):
+            aten.bincount.out(dids, dw, out=to_dtensor(torch.empty(0), mesh, [Replicate()]))
+
+
+def test_dtensor_bincount_mixed_with_plain_tensor_names_the_fix() -> None:
+    with simulated_mesh((2,)) as mesh, pytest.raises(RuntimeError, match="make every tensor argument a DTensor"):
+        torch.bincount(to_dtensor(torch.tensor([0, 1]), mesh, [Replicate()]), torch.rand(2))
 
 
 # ------------------------------------------------------------------ pinned strategy tables

@@ -18,7 +18,9 @@ R                      R                implied
 - counts beyond the dtype's exact integer range are rounded, and single-device torch rounds them
   differently (bf16 histc of 1000 equal values gives 512); below it every count, per rank and
   summed, is an exact integer, so the sharded result equals single-device bit for bit.
-- no Partial input: bin membership is not linear in the values.
+- no Partial input: bin membership is not linear in the values. (The validator finds
+  P(max)/P(min) self -> P(sum) valid on the suites only because its non-owner ranks hold values
+  shifted out of [min, max]; if two ranks hold the true in-range value it is counted twice.)
 
 bincount(self, weights=None, minlength=0) -- per mesh dim ([out, self, weights] (+ out=)):
 
@@ -41,9 +43,12 @@ R                      R, R             implied
   bf16; carrying the parts into float64 gives the unrounded sum, off by a bf16 rounding that the
   float64 result exposes (the same reason cumsum keeps no Partial into a wider float).
 - an empty ``self`` returns int64 zeros whatever the weights: no Partial (a float -> int map).
-- Upstream torch 2.13 has no bincount rule. Note that DTensor dispatch of bincount fails before
-  any rule is consulted: its output shape is data-dependent and DTensor computes output metadata
-  with fake tensors (``DynamicOutputShapeException``); the rule is validated by simulation.
+- Upstream torch 2.13 has no bincount rule, and DTensor dispatch of bincount fails before any
+  rule is consulted: its output shape is data-dependent and DTensor computes output metadata
+  with fake tensors (``DynamicOutputShapeException``). We therefore also install a custom
+  dispatch handler (``ops/_rule_dispatch.py``) that picks the cheapest strategy of THIS rule,
+  redistributes to it and runs bincount locally; it is sound because no strategy shards the
+  output (self is replicated, so every rank's result has the same, global, length).
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlacehold
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
 from dtensor_rules.ops._common import PlacementOrHole, numel
+from dtensor_rules.ops._rule_dispatch import rule_dispatch
 from dtensor_rules.ops._schema_args import row, schema_arg
 from dtensor_rules.ops.scan import linear_partials
 from dtensor_rules.registry import register
@@ -97,7 +103,7 @@ def bincount_dtype(weights_dtype: torch.dtype, self_numel: int) -> torch.dtype:
     return weights_dtype if weights_dtype in (torch.float32, torch.float64) else torch.float64
 
 
-@register(BINCOUNT)
+@register(BINCOUNT, handler=rule_dispatch)
 def bincount_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Replicated self; Partial(sum/avg) floating weights give a Partial(sum/avg) histogram."""
     weights = schema_arg(op, args, kwargs, "weights")

@@ -54,7 +54,17 @@ partials can mix winners, so the sample suites keep such indices unique.
 
 Known DTensor limit (torch 2.13): ``index.Tensor`` with a bool mask cannot be dispatched at all
 (the output shape is data dependent and DTensor's fake-tensor meta step raises on
-``aten.nonzero``); the rule still answers correctly when asked.
+``aten.nonzero``); the rule still answers correctly when asked. A custom dispatch handler (as
+for ``bincount``) is not installed for it: ``index.Tensor`` is a hot op whose every call would
+then leave DTensor's C++ fast path, and a handler cannot hand non-mask calls back to normal
+dispatch without re-entering itself.
+
+Layouts the validator finds valid on the suites but not emitted, each valid only by luck of the
+sample: a Partial(max/min) INDEX tensor (ranks hold different, still in-range indices; the
+gathered rows differ); P(max/min) values with ``accumulate=True`` when the integer coordinates
+happen to be unique (with a duplicate, max_r(self + v1_r + v2_r) != self + max v1 + max v2).
+Valid but not emitted: the same P(max/min)-values row when every index is a bool mask (a mask
+never repeats a coordinate).
 """
 
 from __future__ import annotations

@@ -14,16 +14,23 @@ S(cat dim)                         every input S(cat dim)                      o
                                                                                cat dim: the output *is* that input (else the
                                                                                local cats interleave the inputs)
 P(sum)                             every input P(sum)                          linear: sum_r cat(x_r) = cat(sum_r x_r)
-P(avg) / P(max) / P(min)           every input P(op)                           linear / a selection commutes with max, min
-P(avg) / P(max) / P(min)           one input P(op), the others R               mean, max, min of a replicated value is itself
+P(avg) / P(max) / P(min)           any non-empty subset of inputs P(op), the   each output element is a copy of one input
+                                   others R                                    element: the mean, max, min of a replicated
+                                                                               value is itself, of a Partial one its value
+a zero-element input: R or any     any row above (a non-legacy empty input     it contributes nothing, and its local piece is
+P(op) its dtype allows             only in rows sharding no non-cat dim)       empty too; a non-legacy one must still match
+                                                                               the others' local sizes off the cat dim
+P(avg) / P(max) / P(min)           all R except a zero-element input laid      every rank holds the whole result
+                                   out otherwise
 R                                  every input R                               implied
 =================================  ==========================================  ==============================================
 
-Legacy empty inputs (shape ``(0,)``, which cat skips) are Replicate in every row: they
-contribute nothing, so any layout of them is equivalent. Partial rows are offered only for
+Legacy empty inputs (shape ``(0,)``) are skipped by cat. Partial rows are offered only for
 reduce ops all input dtypes (and the promoted output dtype) support (no bool; avg needs floats).
-Valid but not emitted: P(avg/max/min) with two or more (but not all) inputs Partial and the
-rest Replicate — there are 2^n of them; dispatch reaches them by redistributing one operand.
+Caps (documented, valid rows left out): the subsets are enumerated for up to
+``MAX_SUBSET_INPUTS`` = 6 non-legacy inputs (2^6 - 1 rows per reduce op); with more, only
+"all" and "exactly one" are offered and dispatch reaches the rest by redistributing an
+operand. Only the first ``MAX_FREE_INPUTS`` = 2 zero-element inputs get alternatives.
 Not valid: the cat dim sharded with two non-empty inputs; P(sum) mixed with R (the
 replicated operand would be summed n times).
 
@@ -43,6 +50,12 @@ X in {R, P(op)}                    any of R/P(op'), X                          s
                                                                                out == src whatever self holds
 S(dim)                             S(dim), S(dim)                              slice is FULL: out == src, and the local slice
                                                                                [start:end] clamps to the whole local shard
+P(avg) / P(max) / P(min)           R, any | any, R                             slice EMPTY | FULL and the passed operand
+                                                                               replicated: every rank holds the whole result
+S(dim)                             S(dim), R/P(op)                             slice is EMPTY and start, end are not of mixed
+                                                                               sign: start >= end survives clamping to a
+                                                                               shorter shard, so every local slice is empty
+                                                                               ([-2:3] is empty on 6 rows, not on 3)
 R                                  R, R                                        implied
 =================================  ==========================================  ==============================================
 
@@ -58,13 +71,14 @@ tensor_meta on inputs and never lets Partial through.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
 from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate
 
-from dtensor_rules.ops._common import PlacementOrHole, metas, normalize_dim
+from dtensor_rules.ops._common import PlacementOrHole, metas, normalize_dim, numel
 from dtensor_rules.ops._partial import partial_ops
 from dtensor_rules.registry import register
 
@@ -85,9 +99,19 @@ def _is_legacy_empty(shape: Any) -> bool:
     return len(shape) == 1 and shape[0] == 0
 
 
+# cat: all 2^n - 1 subsets of Partial(avg/max/min) inputs are emitted up to this many inputs
+# (63 rows per reduce op); beyond it only "all" and "exactly one" (dispatch reaches the others
+# by redistributing an operand). Real MoE code cats a handful of tensors.
+MAX_SUBSET_INPUTS = 6
+# zero-element inputs contribute nothing, so they may be laid out any way; rows are multiplied
+# by the 1 + 4 choices of each, for at most this many of them
+MAX_FREE_INPUTS = 2
+
+
 @register(CAT)
 def cat_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
-    """Non-cat dims shard together; all-Partial passes; the cat dim only if one input is non-empty."""
+    """Non-cat dims shard together; Partial passes (any subset for avg/max/min); the cat dim only
+    if one input is non-empty; zero-element inputs are free."""
     tensors = list(args[0])
     dim_arg = args[1] if len(args) > 1 else (kwargs or {}).get("dim", 0)
     real = [i for i, t in enumerate(tensors) if not _is_legacy_empty(t.shape)]
@@ -99,7 +123,7 @@ def cat_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
     R = Replicate()
 
     def row(out: PlacementOrHole, per_input: dict[int, PlacementOrHole]) -> Row:
-        return _with_out([out] + [per_input.get(i, R) for i in range(n)], kwargs)
+        return [out] + [per_input.get(i, R) for i in range(n)]
 
     strategies: list[Row] = []
     for d in range(ndim):
@@ -112,12 +136,52 @@ def cat_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
     out_dtype = tensors[0].dtype
     for t in tensors[1:]:
         out_dtype = torch.promote_types(out_dtype, t.dtype)
+    # all inputs replicated: every rank holds the whole result, and its mean/max/min over ranks
+    # is itself; listed only as a base for free (zero-element) inputs laid out otherwise
+    replicated_rows = [row(R, {})]
     for reduce_op in partial_ops([tensors[i].dtype for i in real] + [out_dtype]):
         P = Partial(reduce_op)
-        strategies.append(row(P, {i: P for i in real}))
-        if reduce_op != "sum" and len(real) > 1:
+        if reduce_op == "sum" or len(real) == 1:
+            strategies.append(row(P, {i: P for i in real}))
+        elif len(real) <= MAX_SUBSET_INPUTS:
+            for k in range(1, len(real) + 1):
+                strategies += [row(P, {i: P for i in subset}) for subset in itertools.combinations(real, k)]
+        else:
+            strategies.append(row(P, {i: P for i in real}))
             strategies += [row(P, {i: P}) for i in real]
-    return strategies
+        if reduce_op != "sum":
+            replicated_rows.append(row(P, {}))
+    strategies += _free_empty_inputs(strategies + replicated_rows, tensors, cat_dim, real)
+    return [_with_out(r, kwargs) for r in strategies]
+
+
+def _free_empty_inputs(rows: list[Row], tensors: list[Any], cat_dim: int, real: list[int]) -> list[Row]:
+    """A zero-element input adds nothing to the result, so any Replicate / Partial layout of it
+    (its local piece is empty too) gives the same output: offer each, for up to MAX_FREE_INPUTS.
+
+    A legacy ``(0,)`` input is skipped by cat whatever the row; any other empty input must still
+    match the others' local sizes off the cat dim, so it is freed only in rows that shard no
+    other dim. Returns only the new rows (``rows`` with a free input changed).
+    """
+    free = [i for i, t in enumerate(tensors) if numel(t.shape) == 0][:MAX_FREE_INPUTS]
+    out = list(rows)
+    for i in free:
+        choices: list[PlacementOrHole] = [Replicate()] + [Partial(o) for o in partial_ops([tensors[i].dtype])]
+        legacy = i not in real
+        out = [
+            r[: 1 + i] + [c] + r[2 + i :]
+            for r in out
+            for c in choices
+            if c != r[1 + i]
+            and (legacy or not any(isinstance(p, _ShardingPlaceholder) and p.dim != cat_dim for p in r))
+        ] + out
+    seen = {tuple(map(str, r)) for r in rows}
+    return [r for r in out if tuple(map(str, r)) not in seen]
+
+
+def _signs_differ(start: int | None, end: int | None) -> bool:
+    """A negative start (counted from the END of each shard) with a non-negative end."""
+    return start is not None and start < 0 and (end is None or end >= 0)
 
 
 def slice_length(size: int, start: int | None, end: int | None, step: int) -> tuple[int, int]:
@@ -174,12 +238,24 @@ def slice_scatter_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
     # returns src (self may be laid out any way): the ignored operand is free
     self_kept = [R] + [Partial(o) for o in ops]
     src_kept = [R] + [Partial(o) for o in src_ops]
+    # a replicated passed operand gives every rank the whole result: any mean/max/min of it is itself
+    spread = [Partial(o) for o in ops if o != "sum"]
     for passed in self_kept:
         for ignored in src_kept:
             if empty and passed != ignored and not (passed == R and ignored == R):
                 strategies.append(row(passed, passed, ignored))
+                if passed == R:
+                    strategies += [row(p, R, ignored) for p in spread]
     for passed in src_kept:
         for ignored in self_kept:
             if full and passed != ignored and not (passed == R and ignored == R):
                 strategies.append(row(passed, ignored, passed))
+                if passed == R:
+                    strategies += [row(p, ignored, R) for p in spread]
+    if empty and ndim and not _signs_differ(start, end):
+        # the local slice of an empty global slice is empty too (start >= end survives clamping to
+        # a shorter shard), so self may be split on the slice dim; src has no elements to place.
+        # Not with a negative start and non-negative end: [-2:3] is empty on 6 rows, not on 3.
+        S = _ShardingPlaceholder(dim)
+        strategies += [row(S, S, ignored) for ignored in src_kept]
     return strategies

@@ -22,6 +22,7 @@ from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 from torch.utils import _pytree as pytree
 
+from dtensor_rules.testing.aliasing import Aliasing, aliasing, is_inplace
 from dtensor_rules.testing.simulate import NDPlacement, Sample
 
 Combo = tuple[tuple[NDPlacement, ...], tuple[NDPlacement, ...]]
@@ -70,11 +71,16 @@ def _strategy_schema(op: OpOverload, sample: Sample, per_tensor: Sequence[OpStra
     )
 
 
-def _input_strategies(mesh: DeviceMesh, tensors: Sequence[torch.Tensor], all_candidates: bool) -> list[OpStrategy]:
+def _input_strategies(
+    mesh: DeviceMesh, tensors: Sequence[torch.Tensor], all_candidates: bool, fixed: dict[int, NDPlacement] | None = None
+) -> list[OpStrategy]:
+    """One OpStrategy per tensor input: all-Replicate, or every placement; ``fixed`` pins some inputs."""
     strategies = []
-    for t in tensors:
+    for i, t in enumerate(tensors):
         meta = tensor_meta(t)
-        if all_candidates:
+        if fixed and i in fixed:
+            specs = [OpSpec(DTensorSpec(mesh, tuple(fixed[i]), tensor_meta=meta))]
+        elif all_candidates:
             per_dim = candidate_placements(t)
             specs = [
                 OpSpec(DTensorSpec(mesh, tuple(pl), tensor_meta=meta))
@@ -99,17 +105,27 @@ def _out_meta(op: OpOverload, sample: Sample) -> Any:
         with FakeTensorMode(allow_non_fake_inputs=True):
             out = op(*sample.args, **sample.kwargs)
     except DynamicOutputShapeException:
-        # data-dependent output shape (bincount, nonzero, ...): the sample holds real data
-        out = op(*sample.args, **sample.kwargs)
+        # data-dependent output shape (bincount, nonzero, ...): the sample holds real data;
+        # on copies, so an in-place / out= op leaves the sample alone
+        args, kwargs = sample.replace_tensors([t.clone() for t in sample.tensors()])
+        out = op(*args, **kwargs)
     if isinstance(out, torch.Tensor):
         return tensor_meta(out)
     return tuple(tensor_meta(o) if isinstance(o, torch.Tensor) else None for o in out)
 
 
 def emitted_combos(kind: str, fn: Any, op: OpOverload, sample: Sample, mesh: DeviceMesh) -> set[Combo]:
-    """All (inputs, outputs) placement combos the strategy function offers for ``sample``."""
+    """All (inputs, outputs) placement combos the strategy function offers for ``sample``.
+
+    For ``out=`` / in-place ops the aliased tensor's runtime placement decides what dispatch
+    may choose (only strategies whose output is laid out like the out tensor / self), so the
+    strategy is queried once per candidate placement of the aliased tensor(s) and the union
+    is returned. An ``out=`` tensor is never redistributed (dispatch writes the local result
+    into it and relabels it), so its placement in a combo is always its output's.
+    """
     tensors = sample.tensors()
     n_out = _num_outputs(op)
+    alias = aliasing(op, sample)
     if kind == "single_dim":
         info = fn if isinstance(fn, _SingleDimStrategyInfo) else _SingleDimStrategyInfo(func=fn)
         args_meta, kwargs_meta = _schema_with(sample, [tensor_meta(t) for t in tensors])
@@ -119,20 +135,84 @@ def emitted_combos(kind: str, fn: Any, op: OpOverload, sample: Sample, mesh: Dev
         replicate = [Replicate()] * width
         if not any(all(isinstance(p, Replicate) or p is None for p in s) for s in filled):
             filled.insert(0, replicate)
-        schema = _strategy_schema(op, sample, _input_strategies(mesh, tensors, all_candidates=False))
-        strategy = expand_to_full_mesh_op_strategy(
-            mesh,
-            schema,
-            filled,
-            output_tensor_meta=_out_meta(op, sample),
-            input_index=n_out,
-            allow_uneven_sharding=info.allow_uneven_sharding,
-        )
+        out_meta = _out_meta(op, sample)
+        combos: set[Combo] = set()
+        for fixed in _aliased_candidates(alias, filled, n_out, mesh.ndim):
+            schema = _strategy_schema(op, sample, _input_strategies(mesh, tensors, all_candidates=False, fixed=fixed))
+            try:
+                strategy = expand_to_full_mesh_op_strategy(
+                    mesh,
+                    schema,
+                    filled,
+                    output_tensor_meta=out_meta,
+                    input_index=n_out,
+                    inplace_op=is_inplace(op),
+                    allow_uneven_sharding=info.allow_uneven_sharding,
+                )
+            except RuntimeError as e:
+                if "in-place operations that require placement changes" in str(e):
+                    continue  # no strategy keeps self's placement: dispatch would refuse this layout
+                raise
+            combos |= _combos_from(strategy, n_out)
     elif kind == "op_strategy":
-        strategy = fn(_strategy_schema(op, sample, _input_strategies(mesh, tensors, all_candidates=True)))
+        combos = set()
+        for fixed in _all_aliased_candidates(alias, tensors, mesh.ndim):
+            try:
+                strategy = fn(_strategy_schema(op, sample, _input_strategies(mesh, tensors, all_candidates=True, fixed=fixed)))
+            except RuntimeError as e:
+                if fixed and "in-place operations that require placement changes" in str(e):
+                    continue  # no strategy keeps self's placement: dispatch would refuse this layout
+                raise
+            for ins, outs in _combos_from(strategy, n_out):
+                for i in alias.inplace:
+                    if ins[i] != fixed[i]:
+                        raise ValueError(
+                            f"{op}: a strategy redistributes in-place input {i} from {fixed[i]} to {ins[i]}; "
+                            "the result would be written into a copy (use expand_to_full_mesh_op_strategy "
+                            "with inplace_op=True)"
+                        )
+                combos.add((ins, outs))
     else:
         raise ValueError(f"cannot query a rule of kind {kind!r}")
-    return _combos_from(strategy, n_out)
+    return {_out_follows_output(c, alias) for c in combos}
+
+
+def _out_follows_output(combo: Combo, alias: Aliasing) -> Combo:
+    ins, outs = combo
+    if not alias.out:
+        return combo
+    return tuple(outs[alias.out[i]] if i in alias.out else pl for i, pl in enumerate(ins)), outs
+
+
+def _aliased_candidates(alias: Aliasing, rows: list[list[Any]], n_out: int, ndim: int) -> list[dict[int, NDPlacement]]:
+    """Runtime placements of the aliased tensors worth querying: every per-mesh-dim choice the rows make."""
+    if not alias:
+        return [{}]
+    idxs = sorted(alias.all)
+    per_dim: set[tuple[Placement, ...]] = {(Replicate(),) * len(idxs)}
+    for row in rows:
+        for col in ([n_out + i for i in idxs], [alias.all[i] for i in idxs]):
+            choice = tuple(row[c] for c in col)
+            if all(isinstance(p, Placement) for p in choice):
+                per_dim.add(choice)
+    out = []
+    for combo in itertools.product(sorted(per_dim, key=str), repeat=ndim):
+        fixed = {i: tuple(c[k] for c in combo) for k, i in enumerate(idxs)}
+        if all(_no_mixed_partial(pl) for pl in fixed.values()):
+            out.append(fixed)
+    return out
+
+
+def _all_aliased_candidates(alias: Aliasing, tensors: Sequence[torch.Tensor], ndim: int) -> list[dict[int, NDPlacement]]:
+    """Every N-D placement of each aliased tensor (op-strategy rules see the mesh, so ask them all)."""
+    if not alias:
+        return [{}]
+    idxs = sorted(alias.all)
+    choices = [
+        [pl for pl in itertools.product(candidate_placements(tensors[i]), repeat=ndim) if _no_mixed_partial(pl)]
+        for i in idxs
+    ]
+    return [dict(zip(idxs, pick)) for pick in itertools.product(*choices)]
 
 
 def _combos_from(strategy: Any, n_out: int) -> set[Combo]:

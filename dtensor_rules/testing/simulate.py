@@ -243,7 +243,7 @@ def tensor_salt(salt: int, index: int) -> int:
 def run_ranks(
     op: Callable[..., Any],
     sample: Sample,
-    input_placements: Sequence[NDPlacement],
+    input_placements: Sequence[NDPlacement | None],
     mesh_shape: Sequence[int],
     salt: int,
 ) -> list[list[torch.Tensor]] | str:
@@ -253,7 +253,8 @@ def run_ranks(
     for c in coords(mesh_shape):
         try:
             local = [  # cloned: a shard can be a view of the sample, which an in-place op would overwrite
-                local_input(t, pl, mesh_shape, c, tensor_salt(salt, i)).clone()
+                # None: an out= tensor whose layout is not chosen yet; empty, the op resizes it
+                t.new_empty(0) if pl is None else local_input(t, pl, mesh_shape, c, tensor_salt(salt, i)).clone()
                 for i, (t, pl) in enumerate(zip(tensors, input_placements))
             ]
         except (ValueError, IndexError) as e:  # IndexError: a Shard dim past the tensor's ndim

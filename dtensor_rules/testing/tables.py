@@ -10,6 +10,7 @@ from torch._ops import OpOverload
 from torch.distributed.device_mesh import init_device_mesh
 
 from dtensor_rules import registry
+from dtensor_rules.testing.aliasing import with_sized_outs
 from dtensor_rules.testing.mesh import fake_world
 from dtensor_rules.testing.query import Combo, emitted_combos
 from dtensor_rules.testing.simulate import Sample
@@ -20,7 +21,7 @@ __all__ = ["strategy_table", "emitted"]
 
 def emitted(op: OpOverload, args: Sequence[Any], kwargs: dict[str, Any] | None = None, mesh_shape: Sequence[int] = (2,), side: str = "ours") -> set[Combo]:
     """The combos ``side`` ("ours" or "upstream") offers for ``op(*args, **kwargs)``."""
-    sample = Sample(tuple(args), dict(kwargs or {}))
+    sample = with_sized_outs(op, Sample(tuple(args), dict(kwargs or {})))
     if side == "ours":
         rule = registry.get_rule(op)
         kind_fn = (rule.kind, _ours_info(rule))

@@ -24,6 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
 from dtensor_rules import registry
+from dtensor_rules.testing.aliasing import Aliasing, aliasing, with_sized_outs
 from dtensor_rules.testing.mesh import fake_world
 from dtensor_rules.testing.query import PARTIAL_OPS, Combo, candidate_placements, emitted_combos
 from dtensor_rules.testing.simulate import NDPlacement, Sample, as_outputs, check_output, run_ranks
@@ -125,10 +126,17 @@ class _Progress:
 
 
 class _Oracle:
-    """Caches per-rank runs per input layout, and answers 'is this combo valid?'."""
+    """Caches per-rank runs per input layout, and answers 'is this combo valid?'.
 
-    def __init__(self, op: OpOverload, sample: Sample, mesh_shape: tuple[int, ...], tol_scale: float) -> None:
+    ``alias`` names the inputs that are outputs (``out=``, in-place self): a combo is valid
+    only if each is laid out like the output it is.
+    """
+
+    def __init__(
+        self, op: OpOverload, sample: Sample, mesh_shape: tuple[int, ...], tol_scale: float, alias: Aliasing | None = None
+    ) -> None:
         self.op, self.mesh_shape, self.tol_scale = op, mesh_shape, tol_scale
+        self.alias = alias or Aliasing()
         self.variants: list[tuple[Sample, list[torch.Tensor]]] = []
         for k in (0, 1, 2):
             v = sample.variant(k)
@@ -146,14 +154,14 @@ class _Oracle:
         self.n_out = len(self.variants[0][1])
         self._runs: dict[tuple[NDPlacement, ...], list[Any]] = {}
 
-    def runs(self, inputs: tuple[NDPlacement, ...]) -> list[Any]:
+    def runs(self, inputs: tuple[NDPlacement | None, ...]) -> list[Any]:
         if inputs not in self._runs:
             self._runs[inputs] = [
                 run_ranks(self.op, v, inputs, self.mesh_shape, salt=1 + k) for k, (v, _) in enumerate(self.variants)
             ]
         return self._runs[inputs]
 
-    def output_ok(self, inputs: tuple[NDPlacement, ...], out_idx: int, placement: NDPlacement) -> bool:
+    def output_ok(self, inputs: tuple[NDPlacement | None, ...], out_idx: int, placement: NDPlacement) -> bool:
         for (_, truth), per_rank in zip(self.variants, self.runs(inputs)):
             if isinstance(per_rank, str) or len(per_rank[0]) != self.n_out:
                 return False
@@ -162,11 +170,15 @@ class _Oracle:
                 return False
         return True
 
+    def aliasing_ok(self, combo: Combo) -> bool:
+        ins, outs = combo
+        return all(ins[i] == outs[o] for i, o in self.alias.all.items())
+
     def valid(self, combo: Combo) -> bool:
         ins, outs = combo
-        return all(self.output_ok(ins, i, pl) for i, pl in enumerate(outs))
+        return self.aliasing_ok(combo) and all(self.output_ok(ins, i, pl) for i, pl in enumerate(outs))
 
-    def valid_outputs(self, inputs: tuple[NDPlacement, ...], candidates: list[list[NDPlacement]]) -> list[list[NDPlacement]]:
+    def valid_outputs(self, inputs: tuple[NDPlacement | None, ...], candidates: list[list[NDPlacement]]) -> list[list[NDPlacement]]:
         return [[pl for pl in cands if self.output_ok(inputs, i, pl)] for i, cands in enumerate(candidates)]
 
 
@@ -206,21 +218,39 @@ def _representable(combo: Combo) -> bool:
     return True
 
 
-def _trivial(combo: Combo) -> bool:
-    return all(isinstance(p, Replicate) for pl in combo[0] for p in pl)
+def _trivial(combo: Combo, skip: Iterable[int] = ()) -> bool:
+    """All inputs Replicate (``skip``: out= tensors, which follow the output and are not inputs)."""
+    skip = set(skip)
+    return all(isinstance(p, Replicate) for i, pl in enumerate(combo[0]) if i not in skip for p in pl)
 
 
 def _ground_truth_1d(oracle: _Oracle, tensors: list[torch.Tensor], size: int, partial_ops: Sequence[str], progress: bool) -> set[Combo]:
-    in_cands = [[(p,) for p in candidate_placements(t, partial_ops)] for t in tensors]
+    """Every valid combo on a 1-D mesh: all input layouts x all output placements.
+
+    An ``out=`` tensor is not enumerated as an input: each layout runs once with an empty
+    out tensor, and every output placement that passes is confirmed with the out tensor
+    laid out as that output (its placement IS the output's). An in-place self is enumerated
+    as an input; only outputs laid out like it count.
+    """
+    outs_of = oracle.alias.out
+    in_cands: list[list[NDPlacement | None]] = [
+        [None] if i in outs_of else [(p,) for p in candidate_placements(t, partial_ops)] for i, t in enumerate(tensors)
+    ]
     out_cands = [[(p,) for p in candidate_placements(t, partial_ops)] for t in oracle.variants[0][1]]
-    layouts = [c for c in itertools.product(*in_cands) if not all(isinstance(pl[0], Replicate) for pl in c)]
-    layouts = [c for c in layouts if all(_shardable(t, pl, (size,)) for t, pl in zip(tensors, c))]
+    layouts = [c for c in itertools.product(*in_cands) if not all(pl is None or isinstance(pl[0], Replicate) for pl in c)]
+    layouts = [c for c in layouts if all(pl is None or _shardable(t, pl, (size,)) for t, pl in zip(tensors, c))]
     bar = _Progress(len(layouts), f"{oracle.op} ground truth", progress)
     valid: set[Combo] = set()
     for ins in layouts:
         ok = oracle.valid_outputs(ins, out_cands)
         for outs in itertools.product(*ok):
-            valid.add((ins, outs))
+            full = tuple(outs[outs_of[i]] if i in outs_of else pl for i, pl in enumerate(ins))
+            combo = (full, outs)
+            if not oracle.aliasing_ok(combo):
+                continue
+            if outs_of and not oracle.valid(combo):
+                continue
+            valid.add(combo)
         bar.step()
     return valid
 
@@ -261,10 +291,12 @@ def check_rule(
     """
     mesh_shape = (mesh_shape,) if isinstance(mesh_shape, int) else tuple(mesh_shape)
     sample = Sample(tuple(args), dict(kwargs or {}))
-    tensors = sample.tensors()
-    if not tensors:
+    if not sample.tensors():
         raise ValueError(f"{op}: the sample has no tensor arguments to shard")
-    oracle = _Oracle(op, sample, mesh_shape, tol_scale)
+    sample = with_sized_outs(op, sample)
+    tensors = sample.tensors()
+    alias = aliasing(op, sample)
+    oracle = _Oracle(op, sample, mesh_shape, tol_scale, alias)
     in_shapes = [t.shape for t in tensors]
     out_shapes = [t.shape for t in oracle.variants[0][1]]
 
@@ -282,7 +314,7 @@ def check_rule(
     else:
         per_dim: list[list[Combo]] = []
         for size in mesh_shape:
-            sub = _Oracle(op, sample, (size,), tol_scale)
+            sub = _Oracle(op, sample, (size,), tol_scale, alias)
             per_dim.append(sorted(_ground_truth_1d(sub, tensors, size, partial_ops, False), key=format_combo))
         products = itertools.product(*per_dim)
         n_products = math.prod(len(d) + 0 for d in per_dim)
@@ -297,12 +329,12 @@ def check_rule(
         bar = _Progress(len(candidates), f"{op} on {mesh_shape}", progress)
         truth = set()
         for c in candidates:
-            if not _trivial(c) and all(_shardable(t, pl, mesh_shape) for t, pl in zip(tensors, c[0])) and oracle.valid(c):
+            if not _trivial(c, alias.out) and all(_shardable(t, pl, mesh_shape) for t, pl in zip(tensors, c[0])) and oracle.valid(c):
                 truth.add(c)
             bar.step()
 
     norm = lambda c: _normalize(c, in_shapes, out_shapes)  # noqa: E731
-    truth_n = {norm(c) for c in truth if not _trivial(norm(c))}
+    truth_n = {norm(c) for c in truth if not _trivial(norm(c), alias.out)}
     reports = {}
     for name, (combos, error) in emitted.items():
         if combos is None:
@@ -311,7 +343,7 @@ def check_rule(
         good, bad = set(), set()
         for c in combos:
             n = norm(c)
-            if _trivial(n):
+            if _trivial(n, alias.out):
                 continue
             (good if (c in truth or oracle.valid(c)) else bad).add(n)
         good -= bad

@@ -1,0 +1,134 @@
+"""DTensor dispatch for ops whose output SHAPE depends on data (``bincount``), driven by our rule.
+
+DTensor computes an op's output metadata with fake tensors before it consults any rule;
+for a data-dependent shape that raises ``DynamicOutputShapeException``, so the op cannot
+run at all. Upstream's extension point for ops needing custom dispatch is
+``DTensor._op_dispatcher._custom_op_handlers`` (``aten.convolution``, ``aten.is_same_size``,
+``argmax`` use it); :func:`rule_dispatch` is such a handler, installed by
+``dtensor_rules.install()`` for rules registered with ``handler=``. It:
+
+1. expands our single-dim rule to the mesh with ``expand_to_full_mesh_op_strategy`` (the
+   same expansion dispatch uses, ``out=`` filtering included) and picks the cheapest
+   strategy with upstream's ``_select_min_cost_strategy``;
+2. redistributes the inputs to it (an ``out=`` tensor is never redistributed: the
+   expansion only offers strategies whose output is laid out like it);
+3. runs the op on the local tensors and wraps the result with the strategy's output
+   placements and the LOCAL result's shape as the global one.
+
+Step 3 is only right when no output is sharded (every rank holds a full-size result or a
+Partial of it), so the handler refuses a strategy with a Shard output instead of guessing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._ops import OpOverload
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy
+from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+from torch.distributed.tensor._sharding_prop import _select_min_cost_strategy
+from torch.distributed.tensor.placement_types import Replicate, Shard
+from torch.utils import _pytree as pytree
+
+__all__ = ["rule_dispatch"]
+
+
+def _out_arg_names(op: OpOverload) -> list[str]:
+    return [a.name for a in op._schema.arguments if a.is_out]
+
+
+def _functional(op: OpOverload) -> OpOverload:
+    """``bincount.out`` -> ``bincount.default``: the same arguments without the out= ones."""
+    want = [(a.name, str(a.type)) for a in op._schema.arguments if not a.is_out]
+    for name in op.overloadpacket.overloads():
+        cand = getattr(op.overloadpacket, name)
+        if [(a.name, str(a.type)) for a in cand._schema.arguments] == want:
+            return cand
+    raise RuntimeError(f"{op}: no functional overload to compute the result with")
+
+
+def rule_dispatch(op_call: OpOverload, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
+    """Run ``op_call`` on DTensors through our registered single-dim rule (see module docstring)."""
+    from dtensor_rules import registry
+
+    rule = registry.get_rule(op_call)
+    if rule.kind != "single_dim":
+        raise registry.RuleError(f"rule_dispatch needs a single-dim rule; {op_call} has a {rule.kind} rule")
+    leaves, tree = pytree.tree_flatten((args, kwargs))
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    dtensors = [x for x in tensors if isinstance(x, DTensor)]
+    if len(dtensors) != len(tensors):
+        raise RuntimeError(
+            f"{op_call}: got a mix of DTensor and plain torch.Tensor arguments; "
+            "make every tensor argument a DTensor (e.g. distribute_tensor(t, mesh, [Replicate()]))"
+        )
+    mesh = dtensors[0].device_mesh
+    if any(d.device_mesh != mesh for d in dtensors):
+        raise RuntimeError(f"{op_call}: all DTensor arguments must be on the same DeviceMesh")
+
+    def swap(fn: Any) -> tuple[Any, Any]:
+        return pytree.tree_unflatten([fn(x) if isinstance(x, DTensor) else x for x in leaves], tree)
+
+    meta_args, meta_kwargs = swap(lambda d: d._spec.tensor_meta)
+    n_out = sum(1 for r in op_call._schema.returns if "Tensor" in str(r.type))
+    rows = registry._checked_single_dim(rule)(op_call, meta_args, meta_kwargs)
+    rows = [[Shard(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in r] for r in rows]
+    rows.insert(0, [Replicate()] * (n_out + len(dtensors)))
+    s_args, s_kwargs = swap(lambda d: OpStrategy([OpSpec(d._spec)]))
+    strategy = expand_to_full_mesh_op_strategy(
+        mesh,
+        OpSchema(op_call, tuple(s_args), s_kwargs),
+        rows,
+        input_index=n_out,
+        allow_uneven_sharding=rule.allow_uneven_sharding,
+    )
+    if not strategy.strategies:
+        outs = [f"{k}={tuple(v.placements)}" for k, v in kwargs.items() if k in _out_arg_names(op_call)]
+        offered = sorted({str(r[0]) for r in rows})
+        raise RuntimeError(
+            f"{op_call}: its rule offers no output laid out like the out= tensor ({', '.join(outs)}); "
+            f"pass an out= DTensor laid out as the result can be (per mesh dim one of {offered}), "
+            "or call the functional op"
+        )
+    chosen = _select_min_cost_strategy(strategy)
+    out_spec = chosen.output_spec
+    if any(isinstance(p, Shard) for p in out_spec.placements):
+        raise RuntimeError(f"{op_call}: rule_dispatch cannot size a sharded output ({out_spec.placements})")
+
+    out_names = set(_out_arg_names(op_call))
+    targets = iter(chosen.input_specs)
+    out_tensors = [v for k, v in kwargs.items() if k in out_names]
+
+    def local(d: DTensor) -> torch.Tensor:
+        target = next(targets)
+        if any(d is o for o in out_tensors):
+            return d._local_tensor  # written into, never redistributed
+        if tuple(d.placements) != tuple(target.placements):
+            d = d.redistribute(mesh, target.placements)
+        return d._local_tensor
+
+    local_args, local_kwargs = swap(local)
+    if not out_tensors:
+        result = op_call(*local_args, **local_kwargs)
+    else:
+        # compute functionally, then write into out's local tensor: a DTensor (and the wrapper
+        # around a simulated rank's tensor) cannot be resized, so the shape must already match
+        result = _functional(op_call)(*local_args, **{k: v for k, v in local_kwargs.items() if k not in out_names})
+        (out,) = out_tensors  # bincount.out / histc.out have one out= tensor
+        if tuple(out.shape) != tuple(result.shape) or out.dtype != result.dtype:
+            raise RuntimeError(
+                f"{op_call}: the out= DTensor is {out.dtype}{list(out.shape)} but the result is "
+                f"{result.dtype}{list(result.shape)}; a DTensor out= tensor cannot be resized, pass one like the result"
+            )
+        out._local_tensor.copy_(result)
+    spec = DTensorSpec(
+        mesh, tuple(out_spec.placements), tensor_meta=TensorMeta(result.shape, result.stride(), result.dtype)
+    )
+    if out_tensors:
+        out._spec = spec
+        return out
+    return DTensor(result, spec, requires_grad=False)
