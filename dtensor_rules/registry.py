@@ -19,6 +19,12 @@ A rule may also carry a ``handler``: a DTensor custom-dispatch function
 ``handler(op, args, kwargs)`` installed into ``DTensor._op_dispatcher._custom_op_handlers``
 (upstream's extension point for ops that cannot go through normal sharding propagation,
 e.g. data-dependent output shapes) and removed exactly like the strategy entries.
+
+And a ``meta_fallback``: ``fn(op_schema, error) -> TensorMeta`` used when DTensor's fake-tensor
+output-metadata step raises for the op (e.g. ``_grouped_mm``'s meta kernel accepts only bf16
+while the CPU kernel takes fp32/fp16). While any installed rule has one, the propagator's
+``_propagate_tensor_meta_non_cached`` is wrapped (an instance attribute shadowing the method);
+uninstalling the last such rule deletes the wrapper, restoring the method exactly.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -79,7 +85,7 @@ class Rule:
     module: str = ""
     allow_uneven_sharding: bool = True
     handler: Callable[..., Any] | None = None
-    _installed_fn: Any = field(default=None, compare=False, repr=False)
+    meta_fallback: Callable[..., Any] | None = None
 
 
 _lock = threading.RLock()
@@ -169,10 +175,11 @@ def register(
     replace: bool = False,
     allow_uneven_sharding: bool = True,
     handler: Callable[..., Any] | None = None,
+    meta_fallback: Callable[..., Any] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: register ``fn`` as the sharding rule of ``op`` (or of each op in a list).
 
-    ``handler``: optional DTensor custom-dispatch function for the op (see module docstring).
+    ``handler``, ``meta_fallback``: optional DTensor extension points (see module docstring).
 
     Raises :class:`RuleError` if the op already has a rule here, unless ``replace=True``.
     Registration does not touch DTensor; :func:`install` does.
@@ -180,9 +187,9 @@ def register(
     ops = [_as_overload(o) for o in (op if isinstance(op, (list, tuple)) else [op])]
     if kind not in _KINDS:
         raise RuleError(f"unknown rule kind {kind!r}: use one of {_KINDS}")
-    for name, f in (("flops", flops), ("bytes", bytes), ("handler", handler)):
+    for name, f in (("flops", flops), ("bytes", bytes), ("handler", handler), ("meta_fallback", meta_fallback)):
         if f is not None and not callable(f):
-            raise RuleError(f"{name}= must be a callable cost formula, got {f!r}")
+            raise RuleError(f"{name}= must be callable, got {f!r}")
 
     def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
         if not callable(fn):
@@ -210,6 +217,7 @@ def register(
                     module=getattr(fn, "__module__", ""),
                     allow_uneven_sharding=allow_uneven_sharding,
                     handler=handler,
+                    meta_fallback=meta_fallback,
                 )
                 if was_active:
                     _install_ops([o], "override")
@@ -354,6 +362,7 @@ def _install_ops(ops: Sequence[OpOverload], policy: Policy) -> list[OpOverload]:
                 prop.op_to_schema_info[op] = rule.schema_info
             if rule.handler is not None:
                 _registry(_HANDLERS)[op] = rule.handler
+        _sync_meta_wrapper()
     except BaseException:
         # never leave the propagator half patched
         _uninstall_ops(done)
@@ -374,7 +383,38 @@ def _uninstall_ops(ops: Sequence[OpOverload]) -> None:
                 registry[op] = value
             else:
                 registry.pop(op, None)
+    _sync_meta_wrapper()
     _clear_caches()
+
+
+_META_ATTR = "_propagate_tensor_meta_non_cached"
+
+
+def _sync_meta_wrapper() -> None:
+    """Wrap the propagator's output-meta step while an installed rule has a ``meta_fallback``."""
+    prop = _propagator()
+    fallbacks = {op: _rules[op].meta_fallback for op in _saved if _rules[op].meta_fallback is not None}
+    wrapped = _META_ATTR in vars(prop)
+    if fallbacks and not wrapped:
+        original = getattr(prop, _META_ATTR)
+
+        def propagate(op_schema: OpSchema) -> Any:
+            try:
+                return original(op_schema)
+            except Exception as err:
+                fallback = _active_meta_fallbacks.get(op_schema.op)
+                if fallback is None:
+                    raise
+                return fallback(op_schema, err)
+
+        setattr(prop, _META_ATTR, propagate)
+    elif not fallbacks and wrapped:
+        delattr(prop, _META_ATTR)  # the class method shows through again
+    _active_meta_fallbacks.clear()
+    _active_meta_fallbacks.update(fallbacks)
+
+
+_active_meta_fallbacks: dict[OpOverload, Callable[..., Any]] = {}
 
 
 def _clear_caches() -> None:

@@ -284,3 +284,14 @@ def test_custom_dispatch_handler_installed_and_restored_exactly(restore_install)
 def test_handler_must_be_callable():
     with pytest.raises(RuleError, match="handler= must be a callable"):
         registry.register(torch.ops.aten.bincount.default, handler=42, replace=True)
+
+
+def test_meta_fallback_wrapper_exists_only_while_installed(restore_install):
+    prop = DTensor._op_dispatcher.sharding_propagator
+    assert "_propagate_tensor_meta_non_cached" in vars(prop)  # _grouped_mm's fp32 fallback is active
+    dtensor_rules.uninstall()
+    assert "_propagate_tensor_meta_non_cached" not in vars(prop)  # the class method again, exactly
+    dtensor_rules.install(ops=[FMA])
+    assert "_propagate_tensor_meta_non_cached" not in vars(prop)  # fma has no fallback
+    dtensor_rules.install(ops=[torch.ops.aten._grouped_mm.default])
+    assert "_propagate_tensor_meta_non_cached" in vars(prop)

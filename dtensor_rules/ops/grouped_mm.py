@@ -35,8 +35,8 @@ the local operand is accepted both in the layout DTensor hands over without redi
 produces. This needs the mesh and the dtype, so this is an op-strategy rule.
 
 fp32 / fp16 on CPU. The CPU kernel accepts fp32, fp16 and bf16, but the meta kernel (used by
-DTensor to compute the output's global shape) only bf16. :func:`install_meta_fallback`
-(applied on import) lets DTensor's tensor-meta step compute the output from the shapes when
+DTensor to compute the output's global shape) only bf16. :func:`grouped_mm_meta_fallback`
+(installed and uninstalled with the rule) lets DTensor's tensor-meta step compute the output from the shapes when
 the only objection was the dtype; every other check (dims, K, offs dtype, alignment for the
 real dtype, bias, out_dtype) is repeated, so inputs torch rejects still fail the same way.
 """
@@ -147,7 +147,24 @@ def output_meta(a: TensorMeta, b: TensorMeta, offs: TensorMeta | None, out_dtype
     return TensorMeta(out.shape, out.stride(), out.dtype)
 
 
-@register(GROUPED_MM, kind="op_strategy")
+def grouped_mm_meta_fallback(op_schema: OpSchema, err: Exception) -> TensorMeta:
+    """DTensor's output-meta step for fp32/fp16 grouped mm, which the meta kernel rejects (bf16 only).
+
+    Installed through ``register(meta_fallback=...)``: only consulted when the fake-tensor
+    step raised, and only answers when the CPU kernel itself would accept the inputs.
+    """
+    specs = [_arg(op_schema, i, n) for i, n in enumerate(("self", "mat2", "offs", "bias"))]
+    a, b, offs, bias = [s.tensor_meta if isinstance(s, DTensorSpec) else None for s in specs]
+    out_dtype = _arg(op_schema, 4, "out_dtype")
+    if a is None or b is None or a.dtype == torch.bfloat16:
+        raise err
+    reason = cpu_kernel_check(a, b, offs, bias, out_dtype)
+    if reason is not None:  # the kernel's own objection, not the meta kernel's dtype restriction
+        raise RuntimeError(f"aten._grouped_mm: {reason}") from err
+    return output_meta(a, b, offs, out_dtype)
+
+
+@register(GROUPED_MM, kind="op_strategy", meta_fallback=grouped_mm_meta_fallback)
 def grouped_mm_strategy(op_schema: OpSchema) -> OpStrategy:
     """Experts/M/N sharding and K -> P(sum) per mode (grouped dims never split), filtered by alignment per rank."""
     mesh = op_schema.get_mesh_from_args()
@@ -201,46 +218,3 @@ def cpu_kernel_check(a: Any, b: Any, offs: Any, bias: Any, out_dtype: torch.dtyp
     if out_dtype is not None and out_dtype != a.dtype:
         return "Grouped gemm output dtype must match `mat_a` dtype"
     return None
-
-
-def install_meta_fallback() -> None:
-    """Let DTensor's tensor-meta step handle fp32/fp16 grouped mm, which the meta kernel rejects (bf16 only)."""
-    from torch.distributed.tensor import DTensor
-
-    prop = DTensor._op_dispatcher.sharding_propagator
-    if getattr(prop, "_dtensor_rules_grouped_mm_meta", None) is not None:
-        return
-    original = prop._propagate_tensor_meta_non_cached
-
-    def propagate(op_schema: OpSchema) -> Any:
-        try:
-            return original(op_schema)
-        except RuntimeError as err:
-            if op_schema.op is not GROUPED_MM:
-                raise
-            specs = [_arg(op_schema, i, n) for i, n in enumerate(("self", "mat2", "offs", "bias"))]
-            metas = [s.tensor_meta if isinstance(s, DTensorSpec) else None for s in specs]
-            a, b, offs, bias = metas
-            out_dtype = _arg(op_schema, 4, "out_dtype")
-            if a is None or b is None or a.dtype == torch.bfloat16:
-                raise
-            reason = cpu_kernel_check(a, b, offs, bias, out_dtype)
-            if reason is not None:  # the kernel's own objection, not the meta kernel's dtype restriction
-                raise RuntimeError(f"aten._grouped_mm: {reason}") from err
-            return output_meta(a, b, offs, out_dtype)
-
-    prop._propagate_tensor_meta_non_cached = propagate
-    prop._dtensor_rules_grouped_mm_meta = original
-
-
-def uninstall_meta_fallback() -> None:
-    from torch.distributed.tensor import DTensor
-
-    prop = DTensor._op_dispatcher.sharding_propagator
-    original = getattr(prop, "_dtensor_rules_grouped_mm_meta", None)
-    if original is not None:
-        del prop._propagate_tensor_meta_non_cached
-        prop._dtensor_rules_grouped_mm_meta = None
-
-
-install_meta_fallback()
