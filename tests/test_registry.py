@@ -282,7 +282,7 @@ def test_custom_dispatch_handler_installed_and_restored_exactly(restore_install)
 
 
 def test_handler_must_be_callable():
-    with pytest.raises(RuleError, match="handler= must be a callable"):
+    with pytest.raises(RuleError, match="handler= must be callable, got 42"):
         registry.register(torch.ops.aten.bincount.default, handler=42, replace=True)
 
 
