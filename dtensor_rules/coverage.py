@@ -166,35 +166,21 @@ def _custom_handlers() -> dict[OpOverload, Any]:
 
 
 def rule_source(op: OpOverload) -> str:
-    """ours | upstream | decomp | handler | none, in the order DTensor's dispatch consults them."""
+    """ours | upstream | decomp | handler | none: where DTensor's dispatch gets the decision now."""
     from torch.distributed.tensor._decompositions import DecompShardingStrategy
 
     from dtensor_rules import registry
+    from dtensor_rules.testing.query import active_strategy
 
+    if op in registry.active_ops():
+        return "ours"
     if op in _custom_handlers():
         return "handler"
-    if op in registry.rules():
-        return "ours"
-    if registry.upstream_strategy(op) is not None:
+    if active_strategy(op) is not None:
         return "upstream"
     if DecompShardingStrategy.has_decomp(op):
         return "decomp"
     return "none"
-
-
-def _active_strategy(op: OpOverload) -> tuple[str, Any] | None:
-    from dtensor_rules import registry
-
-    rule = registry.rules().get(op)
-    if rule is not None:
-        if rule.kind == "single_dim":
-            from torch.distributed.tensor._ops.single_dim_strategy import _SingleDimStrategyInfo
-
-            return "single_dim", _SingleDimStrategyInfo(
-                func=registry._checked_single_dim(rule), allow_uneven_sharding=rule.allow_uneven_sharding
-            )
-        return "op_strategy", registry._checked_op_strategy(rule)
-    return registry.upstream_strategy(op)
 
 
 def _concrete(x: Any) -> Any:
@@ -217,97 +203,15 @@ def _node_args(node: torch.fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return pytree.tree_map(val, (tuple(node.args), dict(node.kwargs)))
 
 
-def _input_candidates(t: torch.Tensor, mesh: Any) -> list[tuple[Any, ...]]:
-    """N-D placements a tensor input could arrive with: R, S(d) on dims of size > 1, P(sum)."""
-    from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
-
-    per_dim: list[Any] = [Replicate()] + [Shard(d) for d in range(t.ndim) if t.shape[d] > 1]
-    if t.is_floating_point():
-        per_dim.append(Partial("sum"))
-    return list(itertools.product(per_dim, repeat=mesh.ndim))
-
-
-def _wrap(x: Any, mesh: Any, all_candidates: bool) -> Any:
-    """Tensors -> OpStrategy; tensor lists -> TupleStrategy (lists with None stay lists), as dispatch does."""
-    from torch.distributed.tensor._dtensor_spec import DTensorSpec
-    from torch.distributed.tensor._op_schema import OpSpec, OpStrategy, TupleStrategy
-    from torch.distributed.tensor.placement_types import Replicate
-
-    from dtensor_rules.testing.query import tensor_meta
-
-    if isinstance(x, torch.Tensor):
-        meta = tensor_meta(x)
-        placements = _input_candidates(x, mesh) if all_candidates else [(Replicate(),) * mesh.ndim]
-        return OpStrategy([OpSpec(DTensorSpec(mesh, pl, tensor_meta=meta)) for pl in placements])
-    if isinstance(x, (list, tuple)) and x and any(isinstance(e, torch.Tensor) for e in x):
-        items = [_wrap(e, mesh, all_candidates) for e in x]
-        if all(isinstance(e, torch.Tensor) for e in x):
-            return TupleStrategy(tuple(items) if isinstance(x, tuple) else items)
-        return items
-    return x
-
-
-def _distinct(strategy: Any) -> int:
-    from torch.distributed.tensor._dtensor_spec import DTensorSpec
-    from torch.distributed.tensor._op_schema import TupleStrategy
-
-    if isinstance(strategy, TupleStrategy):
-        return min((_distinct(c) for c in strategy.children), default=0)
-    seen = set()
-    for spec in strategy.strategies:
-        outs = spec.output_specs
-        outs = (outs,) if isinstance(outs, DTensorSpec) else tuple(outs or ())
-        key_out = tuple(tuple(o.placements) if o is not None else None for o in outs)
-        key_in = tuple(tuple(i.placements) for i in spec.input_specs or ())
-        seen.add((key_in, key_out))
-    return len(seen)
-
-
-def _schema_info(op: OpOverload) -> Any:
-    from dtensor_rules import registry
-
-    prop = registry._propagator()
-    for name in ("op_to_schema_info_for_single_dim_strategy", "op_to_schema_info"):
-        if op in getattr(prop, name):
-            return getattr(prop, name)[op]
-    return registry.default_schema_info(op)
-
-
 def _count_strategies(op: OpOverload, args: Any, kwargs: Any, mesh: Any) -> int | None:
-    """Distinct (input, output) placements the active rule offers, expanded as dispatch does."""
-    from torch.distributed.tensor._op_schema import OpSchema
-    from dtensor_rules.testing.query import _out_meta, tensor_meta
+    """Distinct (input, output) placement combos the active rule offers, expanded as dispatch does."""
+    from dtensor_rules.testing.query import active_strategy, emitted_combos
     from dtensor_rules.testing.simulate import Sample
 
-    active = _active_strategy(op)
+    active = active_strategy(op)
     if active is None or active[0] not in ("single_dim", "op_strategy"):
         return None
-    kind, fn = active
-    sample = Sample(args, kwargs)
-    info = _schema_info(op)
-
-    def schema(all_candidates: bool) -> OpSchema:
-        wrapped = tuple(_wrap(a, mesh, all_candidates) for a in args)
-        return OpSchema(op, wrapped, {k: _wrap(v, mesh, all_candidates) for k, v in kwargs.items()}, schema_info=info)
-
-    if kind == "op_strategy":
-        return _distinct(fn(schema(True)))
-    from torch.distributed.tensor._ops.single_dim_strategy import (
-        _expand_single_dim_strategy_to_mesh,
-        _ShardingPlaceholder,
-        _SingleDimStrategyInfo,
-    )
-    from torch.distributed.tensor.placement_types import Shard
-
-    def concrete(op: OpOverload, a: Any, k: Any) -> Any:
-        # dispatch fills placeholders with the shard types its inputs use; ask for plain Shard
-        return [[Shard(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in s] for s in fn.func(op, a, k)]
-
-    filled = _SingleDimStrategyInfo(func=concrete, allow_uneven_sharding=fn.allow_uneven_sharding)
-    args_meta, kwargs_meta = pytree.tree_map_only(torch.Tensor, tensor_meta, (args, kwargs))
-    expand = _expand_single_dim_strategy_to_mesh(mesh, schema(False), filled, _out_meta(op, sample))
-    strategy = expand(op, args_meta, kwargs_meta)
-    return _distinct(strategy)
+    return len(emitted_combos(active[0], active[1], op, Sample(args, kwargs), mesh))
 
 
 def _meta(x: Any) -> Any:

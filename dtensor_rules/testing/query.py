@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, RuntimeSchemaInfo, TupleStrategy
 from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder, _SingleDimStrategyInfo
-from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy, is_tensor_shardable
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 from torch.utils import _pytree as pytree
 
@@ -82,10 +82,13 @@ def _input_strategies(
             specs = [OpSpec(DTensorSpec(mesh, tuple(fixed[i]), tensor_meta=meta))]
         elif all_candidates:
             per_dim = candidate_placements(t)
+            # layouts DTensor strategies can hold: no mixed Partial, no dim split into more
+            # shards than it has elements (upstream rules raise on those rather than answer)
             specs = [
-                OpSpec(DTensorSpec(mesh, tuple(pl), tensor_meta=meta))
+                OpSpec(spec)
                 for pl in itertools.product(per_dim, repeat=mesh.ndim)
                 if _no_mixed_partial(pl)
+                and is_tensor_shardable(t.shape, spec := DTensorSpec(mesh, tuple(pl), tensor_meta=meta))
             ]
         else:
             specs = [OpSpec(DTensorSpec(mesh, (Replicate(),) * mesh.ndim, tensor_meta=meta))]
@@ -112,6 +115,26 @@ def _out_meta(op: OpOverload, sample: Sample) -> Any:
     if isinstance(out, torch.Tensor):
         return tensor_meta(out)
     return tuple(tensor_meta(o) if isinstance(o, torch.Tensor) else None for o in out)
+
+
+def active_strategy(op: OpOverload) -> tuple[str, Any] | None:
+    """The strategy DTensor's dispatch would use for ``op`` right now, as (kind, fn).
+
+    Read from the propagator in dispatch's order (single-dim before op-strategy before
+    output-sharding rules), so it is ours while installed and upstream's otherwise.
+    """
+    from torch.distributed.tensor import DTensor
+
+    prop = DTensor._op_dispatcher.sharding_propagator
+    for kind, registry_name in (
+        ("single_dim", "op_single_dim_strategy_funcs"),
+        ("op_strategy", "op_strategy_funcs"),
+        ("prop_rule", "op_to_rules"),
+    ):
+        fn = getattr(prop, registry_name).get(op)
+        if fn is not None:
+            return kind, fn
+    return None
 
 
 def emitted_combos(kind: str, fn: Any, op: OpOverload, sample: Sample, mesh: DeviceMesh) -> set[Combo]:
