@@ -35,8 +35,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from dtensor_rules.redistribute.layout import State, format_state
-from dtensor_rules.redistribute.topology import Topology
+from dtensor_rules.redistribute.topology import _GIB, Topology
 
 __all__ = ["Step", "Plan", "search", "NoPlanError", "PlanContext", "clear_plan_cache"]
 
@@ -110,6 +112,18 @@ class PlanContext:
                                       topology.cost("all_gather", n, bw, lat, self.full_bytes * n / world)))
             self.lb_reduce.append(min(topology.cost("reduce_scatter", n, bw, lat, self.full_bytes * n / world),
                                       topology.cost("all_reduce", n, bw, lat, self.full_bytes * n / world)))
+        # data-volume bound (see ``heuristic``): valid when every shard is exactly even
+        self.nontrivial = sum(1 << m for m, s in enumerate(self.mesh_shape) if s > 1)
+        self.even = all(s % world == 0 for s in self.shape)
+        live = [m for m in range(self.mesh_ndim) if self.mesh_shape[m] > 1]
+        self.sec_per_elem = (itemsize / _GIB / max(topology.bandwidth[m] for m in live) * 1e6) if live else 0.0
+        self.live = live
+        self.hop_lat = [(s - 1) * topology.latency[m] for m, s in enumerate(self.mesh_shape)]
+        self.coords = np.indices(self.mesh_shape).reshape(self.mesh_ndim, -1).T if self.even else None
+        self._iv: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
+        self._ov: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
+        self._dst: State = ((), 0)
+        self._dst_vol = 0
 
     def group(self, dims: tuple[int, ...]) -> tuple[int, float, float]:
         g = self._group.get(dims)
@@ -135,6 +149,36 @@ class PlanContext:
             for d, ms in enumerate(orders):
                 v *= self.side(d, ms)
             self._bytes[orders] = v
+        return v
+
+    def offsets(self, d: int, ms: tuple[int, ...]) -> np.ndarray:
+        """Start of every rank's piece of tensor dim ``d`` (ranks in ``self.coords`` order), even case only."""
+        key = (d, ms)
+        v = self._iv.get(key)
+        if v is None:
+            idx = np.zeros(len(self.coords), dtype=np.int64)
+            for m in ms:  # major first: mixed-radix index of this rank's piece
+                idx = idx * self.mesh_shape[m] + self.coords[:, m]
+            v = self._iv[key] = idx * self.side(d, ms)
+        return v
+
+    def set_target(self, dst: State) -> None:
+        """Reset the dst-dependent caches of the heuristic."""
+        self._h.clear()
+        self._ov.clear()
+        if self.even:
+            self._dst = dst
+            self._dst_vol = self.local_bytes(dst[0]) // self.itemsize
+
+    def overlap(self, d: int, ms: tuple[int, ...]) -> np.ndarray:
+        """Per rank: length of the overlap of its current and target pieces of tensor dim ``d``."""
+        key = (d, ms)
+        v = self._ov.get(key)
+        if v is None:
+            t = self._dst[0][d]
+            a, b = self.offsets(d, ms), self.offsets(d, t)
+            v = np.minimum(a + self.side(d, ms), b + self.side(d, t)) - np.maximum(a, b)
+            v = self._ov[key] = np.maximum(v, 0, out=v)
         return v
 
     def cost(self, kind: str, dims: tuple[int, ...], nbytes: int) -> float:
@@ -198,31 +242,70 @@ def moves(ctx: PlanContext, state: State, target_partial: int) -> list[tuple[Sta
 
 
 def heuristic(ctx: PlanContext, state: State, dst: State) -> float:
-    """Admissible lower bound: one gather-like and one reduce-like collective where needed.
+    """Admissible lower bound on the cost from ``state`` to ``dst``: the larger of two bounds.
 
-    A shard that is not a prefix of the target order must leave (all_gather / all_to_all); a
-    Partial absent from the target must be reduced (all_reduce / reduce_scatter). No single
-    collective does both, and each is at least the cheapest such collective on that mesh dim
-    moving the mean shard (<= the largest shard the model charges).
+    *Kind bound.* A shard that is not a prefix of the target order must leave (all_gather /
+    all_to_all); a Partial absent from the target must be reduced (all_reduce / reduce_scatter).
+    No single collective does both, and each is at least the cheapest such collective on that
+    mesh dim moving the mean shard (<= the largest shard the model charges).
+
+    *Component bound* (latency + bandwidth charged separately, summed over the remaining steps):
+    every non-trivial mesh dim that must leave its place or be reduced is in some collective,
+    and a collective over group ``g`` pays ``base + (prod(g)-1)*lat >= base + sum_{m in g}
+    (size_m-1)*lat_m``; so latency >= (#kinds needed)*base + sum over those dims. Bandwidth:
+    see ``_need``.
     """
     h = ctx._h.get(state)
     if h is not None:
         return h
     orders, partial = state
     g = 0.0
+    touch = 0
     for d, o in enumerate(orders):
         t = dst[0][d]
         if t[: len(o)] != o:
             for i, m in enumerate(o):
                 if i >= len(t) or t[i] != m:
                     g = max(g, max(ctx.lb_gather[x] for x in o[i:]))
+                    for x in o[i:]:
+                        touch |= 1 << x
                     break
     r = 0.0
     extra = partial & ~dst[1]
     if extra:
         r = max(ctx.lb_reduce[m] for m in range(ctx.mesh_ndim) if extra >> m & 1)
-    ctx._h[state] = g + r
-    return g + r
+    h = g + r
+    reduce_needed = extra & ctx.nontrivial
+    gather_needed = touch & ctx.nontrivial
+    if reduce_needed or gather_needed:
+        lat = ((reduce_needed != 0) + (gather_needed != 0)) * ctx.topology.base_latency
+        for m in ctx.live:
+            if (reduce_needed | gather_needed) >> m & 1:
+                lat += ctx.hop_lat[m]
+        if ctx.even:
+            lat += _need(ctx, orders, reduce_needed) * ctx.sec_per_elem
+        h = max(h, lat)
+    ctx._h[state] = h
+    return h
+
+
+def _need(ctx: PlanContext, orders, reduce_needed: int) -> int:
+    """Largest, over ranks, number of target elements a rank still lacks (even shards only).
+
+    Potential ``need_r`` = |target piece of r| if a non-trivial Partial absent from the target
+    remains, else |target piece \\ current piece|. In every move the elements a rank is charged for
+    (``(n-1)/n * B`` for all_gather (B out) / all_to_all (B in), ``(n-1)/n * B_in = (n-1) * B_out``
+    for reduce_scatter, ``2(n-1)/n * B`` for all_reduce; all ranks' shards are equal here) are at
+    least how much ``need_r`` drops; chunk, partition and reductions among target Partials never
+    lower it; it is 0 at the target. So remaining bandwidth time >= max_r need_r / fastest bandwidth.
+    """
+    if reduce_needed:
+        return ctx._dst_vol
+    prod = None
+    for d, o in enumerate(orders):
+        ov = ctx.overlap(d, o)
+        prod = ov if prod is None else prod * ov
+    return ctx._dst_vol - int(prod.min())
 
 
 def search(ctx: PlanContext, src: State, dst: State, max_peak_bytes: int | None = None) -> tuple[list, int]:
@@ -235,7 +318,7 @@ def search(ctx: PlanContext, src: State, dst: State, max_peak_bytes: int | None 
     if src == dst:
         return [], 0
     tp = dst[1]
-    ctx._h.clear()  # the bound depends on dst
+    ctx.set_target(dst)  # the bound depends on dst
     best = {src: 0.0}
     parent: dict[State, tuple] = {}
     counter = 0
