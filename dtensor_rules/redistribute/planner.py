@@ -102,6 +102,7 @@ class PlanContext:
         self._side: dict[tuple[int, tuple[int, ...]], int] = {}
         self._cost: dict[tuple, float] = {}
         self._h: dict[State, float] = {}
+        self._hc: dict[State, tuple[float, float | None, int]] = {}
         world = math.prod(self.mesh_shape)
         # admissible per-mesh-dim lower bounds for the heuristic (mean shard <= largest shard)
         self.lb_gather = []
@@ -165,6 +166,7 @@ class PlanContext:
     def set_target(self, dst: State) -> None:
         """Reset the dst-dependent caches of the heuristic."""
         self._h.clear()
+        self._hc.clear()
         self._ov.clear()
         if self.even:
             self._dst = dst
@@ -258,6 +260,19 @@ def heuristic(ctx: PlanContext, state: State, dst: State) -> float:
     h = ctx._h.get(state)
     if h is not None:
         return h
+    hc, lat, reduce_needed = _cheap_bound(ctx, state, dst)
+    h = hc
+    if lat is not None and ctx.even:
+        h = max(h, lat + _need(ctx, state[0], reduce_needed) * ctx.sec_per_elem)
+    ctx._h[state] = h
+    return h
+
+
+def _cheap_bound(ctx: PlanContext, state: State, dst: State) -> tuple[float, float | None, int]:
+    """(kind bound and latency component, latency component or None, reduce-needed mask): no per-rank work."""
+    v = ctx._hc.get(state)
+    if v is not None:
+        return v
     orders, partial = state
     g = 0.0
     touch = 0
@@ -282,11 +297,11 @@ def heuristic(ctx: PlanContext, state: State, dst: State) -> float:
         for m in ctx.live:
             if (reduce_needed | gather_needed) >> m & 1:
                 lat += ctx.hop_lat[m]
-        if ctx.even:
-            lat += _need(ctx, orders, reduce_needed) * ctx.sec_per_elem
-        h = max(h, lat)
-    ctx._h[state] = h
-    return h
+        v = (max(h, lat), lat, reduce_needed)
+    else:
+        v = (h, None, 0)
+    ctx._hc[state] = v
+    return v
 
 
 def _need(ctx: PlanContext, orders, reduce_needed: int) -> int:
@@ -322,12 +337,20 @@ def search(ctx: PlanContext, src: State, dst: State, max_peak_bytes: int | None 
     best = {src: 0.0}
     parent: dict[State, tuple] = {}
     counter = 0
-    pq = [(heuristic(ctx, src, dst), 0.0, counter, 0.0, src)]
+    # lazy A*: states are queued under the cheap bound; the per-rank data bound is computed only
+    # when a state is popped, and the state re-queued if its key rises (keys stay admissible)
+    pq = [(heuristic(ctx, src, dst), 0.0, counter, 0.0, src, True)]
     expanded = 0
     while pq:
-        _, _, _, g, s = heapq.heappop(pq)
+        f, _, _, g, s, exact = heapq.heappop(pq)
         if g > best[s]:
             continue  # stale entry (re-opening keeps A* exact even if the bound is inconsistent)
+        if not exact:
+            fh = g + heuristic(ctx, s, dst)
+            if fh > f:
+                counter += 1
+                heapq.heappush(pq, (fh, -g, counter, g, s, True))
+                continue
         if s == dst:
             path = []
             while s != src:
@@ -346,7 +369,7 @@ def search(ctx: PlanContext, src: State, dst: State, max_peak_bytes: int | None 
                 best[ns] = ng
                 parent[ns] = (s,) + mv
                 counter += 1
-                heapq.heappush(pq, (ng + heuristic(ctx, ns, dst), -ng, counter, ng, ns))  # ties: deepest first
+                heapq.heappush(pq, (ng + _cheap_bound(ctx, ns, dst)[0], -ng, counter, ng, ns, False))  # ties: deepest first
     if max_peak_bytes is not None:
         raise NoPlanError(f"no plan keeps every step within max_peak_bytes={max_peak_bytes}; raise the cap")
     raise NoPlanError("no plan found between these layouts")  # pragma: no cover - the move set is connected
