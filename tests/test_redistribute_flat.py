@@ -100,3 +100,12 @@ def _gloo_worker(rank, world, cases):
 def test_gloo_flattened_steps_exact():
     """All (2, 2) cases (gather, all_to_all, reduce_scatter, all_reduce on uneven sizes) in one gloo world of 4."""
     assert run_gloo(_gloo_worker, 4, [c for c in CASES if c[0] == (2, 2)]) == [True] * 4
+
+
+def test_flat_groups_are_cached_per_mesh_and_not_stored_on_it():
+    """Nothing is added to the mesh (its __getstate__ pickles __dict__; ProcessGroups cannot be pickled)."""
+    with simulated_mesh((2, 2)) as mesh:
+        before = set(vars(mesh))
+        pg = flat.flat_group(mesh, (1, 0))
+        assert flat.flat_group(mesh, (0, 1)) is pg
+        assert set(vars(mesh)) == before

@@ -15,8 +15,8 @@ ranks that differ only in their ``g`` coordinates. Uneven shards follow *nested*
 Upstream's flattened redistribute chunks the flattened group flat (``torch.chunk`` over
 ``n1*n2``), which disagrees with nested chunking on uneven sizes; this module is the fix.
 
-Groups are made once per (mesh, dims) with ``new_subgroups_by_enumeration`` and kept on the
-mesh object. ``supported(mesh)`` says when this path applies (the mesh spans the whole world and
+Groups are made once per (mesh, dims) with ``new_subgroups_by_enumeration`` and cached per
+mesh object (weakly). ``supported(mesh)`` says when this path applies (the mesh spans the whole world and
 its rank tensor is ``arange(world)`` reshaped, as ``init_device_mesh`` makes it); otherwise the
 executor falls back to the equivalent sequence of single-mesh-dim collectives.
 ``Partial("avg")`` reduces as a sum then divides by the group size (gloo has no AVG).
@@ -25,6 +25,7 @@ executor falls back to the equivalent sequence of single-mesh-dim collectives.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -36,7 +37,9 @@ from torch.distributed.tensor.placement_types import Shard
 
 __all__ = ["supported", "flat_group", "all_gather", "all_to_all", "reduce_scatter", "all_reduce"]
 
-_ATTR = "_dtensor_rules_flat_groups"
+# id(mesh) -> (weakref to the mesh, {sorted dims: process group}); not stored on the mesh itself,
+# which would break pickling the mesh (ProcessGroups cannot be pickled)
+_GROUPS: dict[int, tuple[weakref.ref, dict[tuple[int, ...], dist.ProcessGroup]]] = {}
 
 
 def supported(mesh: DeviceMesh) -> bool:
@@ -50,7 +53,10 @@ def supported(mesh: DeviceMesh) -> bool:
 def flat_group(mesh: DeviceMesh, dims: Sequence[int]) -> dist.ProcessGroup:
     """Process group of this rank over the mesh dims ``dims`` (any order; members sorted by rank)."""
     key = tuple(sorted(dims))
-    groups = mesh.__dict__.setdefault(_ATTR, {})
+    entry = _GROUPS.get(id(mesh))
+    if entry is None or entry[0]() is not mesh:
+        entry = _GROUPS[id(mesh)] = (weakref.ref(mesh, lambda _, k=id(mesh): _GROUPS.pop(k, None)), {})
+    groups = entry[1]
     pg = groups.get(key)
     if pg is None:
         rest = [m for m in range(mesh.ndim) if m not in key]
