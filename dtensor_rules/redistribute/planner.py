@@ -18,7 +18,7 @@ reduce_scatter      P on g, S(e)[...] -> S(e)[..., g]            group holds par
                     (every order of g)                           e-piece; g appended as minor
 all_reduce          P on g -> R                                  any subset of Partial dims
 chunk (local)       R on m -> S(e)[..., m]                       a chunk of the piece already held
-partition (local)   R on m -> P on m  (only if dst has P on m)   rank 0 keeps, others zero (sum)
+partition (local)   R on m -> P on m  (only if dst has P on m)   v/n each (sum), v each (avg/max/min)
 ==================  ==========================================  ===============================
 
 Inserting a mesh dim anywhere but last, or gathering a non-suffix, would need data the group
