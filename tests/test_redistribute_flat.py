@@ -97,9 +97,17 @@ def _gloo_worker(rank, world, cases):
     return True
 
 
+# Partial avg/max/min on gloo (no AVG in gloo): flattened reduce_scatter / all_reduce and single-dim reduces
+GLOO_REDUCE_OPS = [
+    ((2, 2), (5, 3), ((Partial(op), Partial(op)), None), ((Shard(0), Shard(0)), (1, 0)), "reduce_scatter")
+    for op in ("avg", "max", "min")
+] + [((2, 2), (5, 3), ((Partial(op), Shard(0)), None), ((Replicate(), Shard(1)), None), "single") for op in ("avg", "max")]
+
+
 def test_gloo_flattened_steps_exact():
-    """All (2, 2) cases (gather, all_to_all, reduce_scatter, all_reduce on uneven sizes) in one gloo world of 4."""
-    assert run_gloo(_gloo_worker, 4, [c for c in CASES if c[0] == (2, 2)]) == [True] * 4
+    """All (2, 2) cases (gather, all_to_all, reduce_scatter, all_reduce on uneven sizes; sum/avg/max/min)
+    in one gloo world of 4."""
+    assert run_gloo(_gloo_worker, 4, [c for c in CASES if c[0] == (2, 2)] + GLOO_REDUCE_OPS) == [True] * 4
 
 
 def test_flat_groups_are_cached_per_mesh_and_not_stored_on_it():
