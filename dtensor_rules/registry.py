@@ -53,6 +53,7 @@ __all__ = [
     "Rule",
     "RuleError",
     "register",
+    "register_patch",
     "install",
     "uninstall",
     "installed",
@@ -92,6 +93,38 @@ _lock = threading.RLock()
 _rules: dict[OpOverload, Rule] = {}
 # op -> {registry attribute name -> (was_present, old_value)}; only ops we touched.
 _saved: dict[OpOverload, dict[str, tuple[bool, Any]]] = {}
+# upstream bug fixes that are not op rules: name -> (apply, restore); applied by a full install()
+_patches: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {}
+_patched: set[str] = set()
+
+
+def register_patch(name: str, apply: Callable[[], None], restore: Callable[[], None]) -> None:
+    """Register a non-rule patch of upstream (``apply`` / ``restore`` must undo each other exactly).
+
+    A full :func:`install` (``ops=None``) applies it, a full :func:`uninstall` restores it, and
+    :func:`installed` restores it on exit if it applied it.
+    """
+    with _lock:
+        if name in _patches:
+            raise RuleError(f"patch {name!r} is already registered")
+        _patches[name] = (apply, restore)
+
+
+def _apply_patches() -> list[str]:
+    done = []
+    for name, (apply, _) in _patches.items():
+        if name not in _patched:
+            apply()
+            _patched.add(name)
+            done.append(name)
+    return done
+
+
+def _restore_patches(names: Sequence[str]) -> None:
+    for name in names:
+        if name in _patched:
+            _patches[name][1]()
+            _patched.discard(name)
 
 _STRATEGY_REGISTRIES = ("op_strategy_funcs", "op_single_dim_strategy_funcs", "op_to_rules")
 _SCHEMA_REGISTRIES = ("op_to_schema_info", "op_to_schema_info_for_single_dim_strategy")
@@ -440,7 +473,10 @@ def install(policy: Policy = "override", ops: Sequence[Any] | None = None) -> li
         missing = [o for o in targets if o not in _rules]
         if missing:
             raise RuleError(f"no dtensor_rules rule for {[str(o) for o in missing]}; registered: {sorted(map(str, _rules))}")
-        return _install_ops(targets, policy)
+        done = _install_ops(targets, policy)
+        if ops is None:
+            _apply_patches()
+        return done
 
 
 def uninstall(ops: Sequence[Any] | None = None) -> None:
@@ -448,6 +484,8 @@ def uninstall(ops: Sequence[Any] | None = None) -> None:
     with _lock:
         targets = list(_saved) if ops is None else [_as_overload(o) for o in ops]
         _uninstall_ops(targets)
+        if ops is None:
+            _restore_patches(list(_patched))
 
 
 def active_ops() -> list[OpOverload]:
@@ -460,12 +498,14 @@ def installed(policy: Policy = "override", ops: Sequence[Any] | None = None) -> 
     """Context manager: our rules are active inside, the previous state is restored after."""
     with _lock:
         before = set(_saved)
+        patched_before = set(_patched)
         now = install(policy, ops)
     try:
         yield now
     finally:
         with _lock:
             _uninstall_ops([o for o in now if o not in before])
+            _restore_patches([n for n in list(_patched) if n not in patched_before])
 
 
 def status() -> dict[OpOverload, dict[str, str]]:

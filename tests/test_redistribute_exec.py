@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from torch.distributed.tensor import Partial, Replicate, Shard
@@ -68,3 +69,31 @@ def test_autograd_flows_through_reverse_plan():
         # the reverse plan returns the gradient in the input's (ordered) layout; note: upstream's
         # AccumulateGrad (detach via sharding propagation) drops shard_order from a.grad's spec metadata
         check_locals(a.grad._local_tensor._local_tensors, w, layout_of(a._spec), (2, 2))
+
+
+@settings(max_examples=30, deadline=None)
+@given(layout_pairs(reduce_ops=("avg", "max", "min")))
+def test_random_pairs_exact_shards_avg_max_min(case):
+    mesh_shape, shape, src, dst = case
+    _run_pair(mesh_shape, shape, src, dst, seed=5)
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "min"])
+@pytest.mark.parametrize(
+    "mesh_shape,shape,src,dst",
+    [
+        # flattened reduce_scatter into a non-ascending order, uneven
+        ((2, 2, 2), (7, 3), (("P", "P", Shard(1)), None), ((Shard(0), Shard(0), Shard(1)), (1, 0, 2))),
+        # flattened all_reduce to replicate
+        ((2, 2), (5, 3), (("P", "P"), None), ((Replicate(), Replicate()), None)),
+        # Partial kept on one dim, reduced on the other
+        ((2, 4), (5, 6), (("P", "P"), None), (("P", Shard(1)), None)),
+        # Replicate -> Partial destination
+        ((2, 2), (3, 5), ((Shard(0), Replicate()), (1, 0)), ((Shard(1), "P"), None)),
+    ],
+)
+def test_partial_reduce_ops_sources_and_destinations(op, mesh_shape, shape, src, dst):
+    def sub(pl):
+        return tuple(Partial(op) if p == "P" else p for p in pl)
+
+    _run_pair(mesh_shape, shape, (sub(src[0]), src[1]), (sub(dst[0]), dst[1]), seed=7)

@@ -126,3 +126,64 @@ def test_upstream_like_topology_matches_one_step_redistribute_cost():
             n += 1
         assert n > 5
         assert dist.is_initialized()
+
+
+def _dist_to(ctx: PlanContext, src, dst) -> dict:
+    """Exact cost-to-go to ``dst`` of every state reachable from ``src`` (Dijkstra on reversed edges)."""
+    import heapq
+
+    rev: dict = {}
+    seen, frontier = {src}, [src]
+    while frontier:
+        nxt = []
+        for s in frontier:
+            for mv in moves(ctx, s, dst[1]):
+                rev.setdefault(mv[0], []).append((s, mv[6]))
+                if mv[0] not in seen:
+                    seen.add(mv[0])
+                    nxt.append(mv[0])
+        frontier = nxt
+    dist = {dst: 0.0}
+    pq = [(0.0, 0, dst)]
+    k = 0
+    while pq:
+        d, _, s = heapq.heappop(pq)
+        if d > dist[s]:
+            continue
+        for p, c in rev.get(s, ()):
+            if d + c < dist.get(p, math.inf):
+                dist[p] = d + c
+                k += 1
+                heapq.heappush(pq, (d + c, k, p))
+    return dist
+
+
+@st.composite
+def _even_pairs(draw):
+    """Pairs whose every tensor dim divides by the world size (the data-volume bound is active)."""
+    mesh = draw(st.sampled_from([(2, 2), (2, 4), (2, 2, 2)]))
+    world = math.prod(mesh)
+    ndim = draw(st.integers(1, 3))
+    shape = tuple(world * draw(st.integers(1, 3)) for _ in range(ndim))
+    a = draw(layout_args(len(mesh), ndim))
+    b = draw(layout_args(len(mesh), ndim))
+    return mesh, shape, a, b
+
+
+@settings(max_examples=15, deadline=None)
+@given(_even_pairs(), st.sampled_from(["two_tier", "upstream_like"]))
+def test_heuristic_is_admissible_on_every_reachable_state(case, topo_name):
+    """h(s) <= exact cost-to-go for every state, on even shapes where the data-volume bound applies."""
+    from dtensor_rules.redistribute.planner import heuristic
+
+    mesh, shape, a, b = case
+    topo = TWO_TIER[mesh] if topo_name == "two_tier" else Topology.upstream_like(mesh, devices_per_host=2)
+    la = Layout.from_placements(a[0], len(shape), a[1])
+    lb = Layout.from_placements(b[0], len(shape), b[1])
+    ctx = PlanContext(mesh, shape, 4, topo)
+    assert ctx.even
+    dist = _dist_to(ctx, la.state, lb.state)
+    ctx.set_target(lb.state)
+    for s, d in dist.items():
+        assert heuristic(ctx, s, lb.state) <= d * (1 + 1e-9) + 1e-9, (s, d)
+    assert _cost(mesh, shape, a, b, topo) == pytest.approx(dist[la.state], rel=1e-9, abs=1e-9)

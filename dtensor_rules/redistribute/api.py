@@ -128,7 +128,8 @@ def distribute_tensor(tensor: torch.Tensor, mesh: DeviceMesh, placements: Sequen
                       device_order: DeviceOrder = None) -> DTensor:
     """Shard a full (replicated on every rank) tensor into ``placements`` with ``device_order``.
 
-    Partial placements are made by partitioning the value (sum: rank 0 keeps it, others zero).
+    Partial placements are made with upstream's ``Partial._partition_value`` (sum: v/n on every rank;
+    avg/max/min: v on every rank).
     """
     placements = tuple(placements)
     if len(placements) != mesh.ndim:

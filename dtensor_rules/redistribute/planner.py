@@ -18,7 +18,7 @@ reduce_scatter      P on g, S(e)[...] -> S(e)[..., g]            group holds par
                     (every order of g)                           e-piece; g appended as minor
 all_reduce          P on g -> R                                  any subset of Partial dims
 chunk (local)       R on m -> S(e)[..., m]                       a chunk of the piece already held
-partition (local)   R on m -> P on m  (only if dst has P on m)   rank 0 keeps, others zero (sum)
+partition (local)   R on m -> P on m  (only if dst has P on m)   v/n each (sum), v each (avg/max/min)
 ==================  ==========================================  ===============================
 
 Inserting a mesh dim anywhere but last, or gathering a non-suffix, would need data the group
@@ -35,8 +35,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from dtensor_rules.redistribute.layout import State, format_state
-from dtensor_rules.redistribute.topology import Topology
+from dtensor_rules.redistribute.topology import _GIB, Topology
 
 __all__ = ["Step", "Plan", "search", "NoPlanError", "PlanContext", "clear_plan_cache"]
 
@@ -100,6 +102,7 @@ class PlanContext:
         self._side: dict[tuple[int, tuple[int, ...]], int] = {}
         self._cost: dict[tuple, float] = {}
         self._h: dict[State, float] = {}
+        self._hc: dict[State, tuple[float, float | None, int]] = {}
         world = math.prod(self.mesh_shape)
         # admissible per-mesh-dim lower bounds for the heuristic (mean shard <= largest shard)
         self.lb_gather = []
@@ -110,6 +113,18 @@ class PlanContext:
                                       topology.cost("all_gather", n, bw, lat, self.full_bytes * n / world)))
             self.lb_reduce.append(min(topology.cost("reduce_scatter", n, bw, lat, self.full_bytes * n / world),
                                       topology.cost("all_reduce", n, bw, lat, self.full_bytes * n / world)))
+        # data-volume bound (see ``heuristic``): valid when every shard is exactly even
+        self.nontrivial = sum(1 << m for m, s in enumerate(self.mesh_shape) if s > 1)
+        self.even = all(s % world == 0 for s in self.shape)
+        live = [m for m in range(self.mesh_ndim) if self.mesh_shape[m] > 1]
+        self.sec_per_elem = (itemsize / _GIB / max(topology.bandwidth[m] for m in live) * 1e6) if live else 0.0
+        self.live = live
+        self.hop_lat = [(s - 1) * topology.latency[m] for m, s in enumerate(self.mesh_shape)]
+        self.coords = np.indices(self.mesh_shape).reshape(self.mesh_ndim, -1).T if self.even else None
+        self._iv: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
+        self._ov: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
+        self._dst: State = ((), 0)
+        self._dst_vol = 0
 
     def group(self, dims: tuple[int, ...]) -> tuple[int, float, float]:
         g = self._group.get(dims)
@@ -135,6 +150,37 @@ class PlanContext:
             for d, ms in enumerate(orders):
                 v *= self.side(d, ms)
             self._bytes[orders] = v
+        return v
+
+    def offsets(self, d: int, ms: tuple[int, ...]) -> np.ndarray:
+        """Start of every rank's piece of tensor dim ``d`` (ranks in ``self.coords`` order), even case only."""
+        key = (d, ms)
+        v = self._iv.get(key)
+        if v is None:
+            idx = np.zeros(len(self.coords), dtype=np.int64)
+            for m in ms:  # major first: mixed-radix index of this rank's piece
+                idx = idx * self.mesh_shape[m] + self.coords[:, m]
+            v = self._iv[key] = idx * self.side(d, ms)
+        return v
+
+    def set_target(self, dst: State) -> None:
+        """Reset the dst-dependent caches of the heuristic."""
+        self._h.clear()
+        self._hc.clear()
+        self._ov.clear()
+        if self.even:
+            self._dst = dst
+            self._dst_vol = self.local_bytes(dst[0]) // self.itemsize
+
+    def overlap(self, d: int, ms: tuple[int, ...]) -> np.ndarray:
+        """Per rank: length of the overlap of its current and target pieces of tensor dim ``d``."""
+        key = (d, ms)
+        v = self._ov.get(key)
+        if v is None:
+            t = self._dst[0][d]
+            a, b = self.offsets(d, ms), self.offsets(d, t)
+            v = np.minimum(a + self.side(d, ms), b + self.side(d, t)) - np.maximum(a, b)
+            v = self._ov[key] = np.maximum(v, 0, out=v)
         return v
 
     def cost(self, kind: str, dims: tuple[int, ...], nbytes: int) -> float:
@@ -198,31 +244,83 @@ def moves(ctx: PlanContext, state: State, target_partial: int) -> list[tuple[Sta
 
 
 def heuristic(ctx: PlanContext, state: State, dst: State) -> float:
-    """Admissible lower bound: one gather-like and one reduce-like collective where needed.
+    """Admissible lower bound on the cost from ``state`` to ``dst``: the larger of two bounds.
 
-    A shard that is not a prefix of the target order must leave (all_gather / all_to_all); a
-    Partial absent from the target must be reduced (all_reduce / reduce_scatter). No single
-    collective does both, and each is at least the cheapest such collective on that mesh dim
-    moving the mean shard (<= the largest shard the model charges).
+    *Kind bound.* A shard that is not a prefix of the target order must leave (all_gather /
+    all_to_all); a Partial absent from the target must be reduced (all_reduce / reduce_scatter).
+    No single collective does both, and each is at least the cheapest such collective on that
+    mesh dim moving the mean shard (<= the largest shard the model charges).
+
+    *Component bound* (latency + bandwidth charged separately, summed over the remaining steps):
+    every non-trivial mesh dim that must leave its place or be reduced is in some collective,
+    and a collective over group ``g`` pays ``base + (prod(g)-1)*lat >= base + sum_{m in g}
+    (size_m-1)*lat_m``; so latency >= (#kinds needed)*base + sum over those dims. Bandwidth:
+    see ``_need``.
     """
     h = ctx._h.get(state)
     if h is not None:
         return h
+    hc, lat, reduce_needed = _cheap_bound(ctx, state, dst)
+    h = hc
+    if lat is not None and ctx.even:
+        h = max(h, lat + _need(ctx, state[0], reduce_needed) * ctx.sec_per_elem)
+    ctx._h[state] = h
+    return h
+
+
+def _cheap_bound(ctx: PlanContext, state: State, dst: State) -> tuple[float, float | None, int]:
+    """(kind bound and latency component, latency component or None, reduce-needed mask): no per-rank work."""
+    v = ctx._hc.get(state)
+    if v is not None:
+        return v
     orders, partial = state
     g = 0.0
+    touch = 0
     for d, o in enumerate(orders):
         t = dst[0][d]
         if t[: len(o)] != o:
             for i, m in enumerate(o):
                 if i >= len(t) or t[i] != m:
                     g = max(g, max(ctx.lb_gather[x] for x in o[i:]))
+                    for x in o[i:]:
+                        touch |= 1 << x
                     break
     r = 0.0
     extra = partial & ~dst[1]
     if extra:
         r = max(ctx.lb_reduce[m] for m in range(ctx.mesh_ndim) if extra >> m & 1)
-    ctx._h[state] = g + r
-    return g + r
+    h = g + r
+    reduce_needed = extra & ctx.nontrivial
+    gather_needed = touch & ctx.nontrivial
+    if reduce_needed or gather_needed:
+        lat = ((reduce_needed != 0) + (gather_needed != 0)) * ctx.topology.base_latency
+        for m in ctx.live:
+            if (reduce_needed | gather_needed) >> m & 1:
+                lat += ctx.hop_lat[m]
+        v = (max(h, lat), lat, reduce_needed)
+    else:
+        v = (h, None, 0)
+    ctx._hc[state] = v
+    return v
+
+
+def _need(ctx: PlanContext, orders, reduce_needed: int) -> int:
+    """Largest, over ranks, number of target elements a rank still lacks (even shards only).
+
+    Potential ``need_r`` = |target piece of r| if a non-trivial Partial absent from the target
+    remains, else |target piece \\ current piece|. In every move the elements a rank is charged for
+    (``(n-1)/n * B`` for all_gather (B out) / all_to_all (B in), ``(n-1)/n * B_in = (n-1) * B_out``
+    for reduce_scatter, ``2(n-1)/n * B`` for all_reduce; all ranks' shards are equal here) are at
+    least how much ``need_r`` drops; chunk, partition and reductions among target Partials never
+    lower it; it is 0 at the target. So remaining bandwidth time >= max_r need_r / fastest bandwidth.
+    """
+    if reduce_needed:
+        return ctx._dst_vol
+    prod = None
+    for d, o in enumerate(orders):
+        ov = ctx.overlap(d, o)
+        prod = ov if prod is None else prod * ov
+    return ctx._dst_vol - int(prod.min())
 
 
 def search(ctx: PlanContext, src: State, dst: State, max_peak_bytes: int | None = None) -> tuple[list, int]:
@@ -235,16 +333,24 @@ def search(ctx: PlanContext, src: State, dst: State, max_peak_bytes: int | None 
     if src == dst:
         return [], 0
     tp = dst[1]
-    ctx._h.clear()  # the bound depends on dst
+    ctx.set_target(dst)  # the bound depends on dst
     best = {src: 0.0}
     parent: dict[State, tuple] = {}
     counter = 0
-    pq = [(heuristic(ctx, src, dst), 0.0, counter, 0.0, src)]
+    # lazy A*: states are queued under the cheap bound; the per-rank data bound is computed only
+    # when a state is popped, and the state re-queued if its key rises (keys stay admissible)
+    pq = [(heuristic(ctx, src, dst), 0.0, counter, 0.0, src, True)]
     expanded = 0
     while pq:
-        _, _, _, g, s = heapq.heappop(pq)
+        f, _, _, g, s, exact = heapq.heappop(pq)
         if g > best[s]:
             continue  # stale entry (re-opening keeps A* exact even if the bound is inconsistent)
+        if not exact:
+            fh = g + heuristic(ctx, s, dst)
+            if fh > f:
+                counter += 1
+                heapq.heappush(pq, (fh, -g, counter, g, s, True))
+                continue
         if s == dst:
             path = []
             while s != src:
@@ -263,7 +369,7 @@ def search(ctx: PlanContext, src: State, dst: State, max_peak_bytes: int | None 
                 best[ns] = ng
                 parent[ns] = (s,) + mv
                 counter += 1
-                heapq.heappush(pq, (ng + heuristic(ctx, ns, dst), -ng, counter, ng, ns))  # ties: deepest first
+                heapq.heappush(pq, (ng + _cheap_bound(ctx, ns, dst)[0], -ng, counter, ng, ns, False))  # ties: deepest first
     if max_peak_bytes is not None:
         raise NoPlanError(f"no plan keeps every step within max_peak_bytes={max_peak_bytes}; raise the cap")
     raise NoPlanError("no plan found between these layouts")  # pragma: no cover - the move set is connected

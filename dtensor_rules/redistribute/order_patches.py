@@ -1,0 +1,97 @@
+"""Two upstream bug fixes that keep a DTensor's ``shard_order`` honest (applied by ``install()``).
+
+1. ``DTensorSpec.shallow_copy_with_tensor_meta`` drops ``shard_order``; the sharding propagator
+   wraps every output spec with it, so even an op whose strategy keeps the input's order (our
+   ``order_rules`` for detach / alias) would come out claiming the default order while the data
+   is in the ordered layout. The fix copies ``shard_order`` when the spec stores it explicitly
+   (``use_strided_shard_as_shard_order=False``); specs a strategy built from placements alone
+   carry the default order, exactly as before.
+2. DCP's ``_create_write_items_for_dtensor`` / ``_create_chunk_from_dtensor`` (what
+   ``DTensor.__create_write_items__`` / ``__create_chunk_list__`` call) compute offsets from the
+   placements alone (``compute_local_shape_and_global_offset``), i.e. for the default order. For
+   a spec with a non-default order the fix takes (sizes, offsets) from ``local_shard_offsets``
+   (nested chunking in the recorded order); every other DTensor goes to the original function.
+
+Both are registered with ``registry.register_patch``: a full ``dtensor_rules.install()`` applies
+them, ``uninstall()`` puts the original function objects back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+from dtensor_rules.registry import register_patch
+
+__all__ = ["has_custom_order", "checkpoint_shape_and_offset"]
+
+_orig: dict[str, object] = {}
+
+
+def has_custom_order(spec: DTensorSpec) -> bool:
+    """True when ``spec`` records a shard order other than DTensor's default left-to-right one."""
+    if spec.use_strided_shard_as_shard_order or not spec.shard_order:
+        return False
+    return tuple(spec.shard_order) != tuple(DTensorSpec.compute_default_shard_order(spec.placements))
+
+
+def checkpoint_shape_and_offset(spec: DTensorSpec) -> tuple[torch.Size, torch.Size]:
+    """(local shape, global offset) of this rank's shard in the recorded order."""
+    from dtensor_rules.redistribute.api import layout_of, local_shard_offsets
+
+    sizes, offs = local_shard_offsets(layout_of(spec), tuple(spec.mesh.shape), tuple(spec.shape), spec.mesh.get_coordinate())
+    return torch.Size(sizes), torch.Size(offs)
+
+
+def _shallow_copy_with_tensor_meta(self: DTensorSpec, tensor_meta: TensorMeta | None) -> DTensorSpec:
+    if tensor_meta is None:
+        raise AssertionError("shallow copy with no tensor_meta!")
+    if self.use_strided_shard_as_shard_order:
+        return DTensorSpec(self.mesh, self.placements, tensor_meta=tensor_meta, use_strided_shard_as_shard_order=True)
+    return DTensorSpec(self.mesh, self.placements, tensor_meta=tensor_meta, shard_order=self.shard_order,
+                       use_strided_shard_as_shard_order=False)
+
+
+def _write_items(fqn, tensor):
+    item = _orig["write"](fqn, tensor)
+    if not has_custom_order(tensor._spec):
+        return item
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+
+    sizes, offs = checkpoint_shape_and_offset(tensor._spec)
+    return dataclasses.replace(
+        item, index=MetadataIndex(fqn, offs),
+        tensor_data=dataclasses.replace(item.tensor_data, chunk=ChunkStorageMetadata(offsets=offs, sizes=sizes)))
+
+
+def _chunk(tensor):
+    if not has_custom_order(tensor._spec):
+        return _orig["chunk"](tensor)
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+    sizes, offs = checkpoint_shape_and_offset(tensor._spec)
+    return ChunkStorageMetadata(offsets=offs, sizes=sizes)
+
+
+def _apply() -> None:
+    import torch.distributed.checkpoint.planner_helpers as ph
+
+    _orig["shallow"] = DTensorSpec.__dict__["shallow_copy_with_tensor_meta"]
+    _orig["write"] = ph._create_write_items_for_dtensor
+    _orig["chunk"] = ph._create_chunk_from_dtensor
+    DTensorSpec.shallow_copy_with_tensor_meta = _shallow_copy_with_tensor_meta
+    ph._create_write_items_for_dtensor = _write_items
+    ph._create_chunk_from_dtensor = _chunk
+
+
+def _restore() -> None:
+    import torch.distributed.checkpoint.planner_helpers as ph
+
+    DTensorSpec.shallow_copy_with_tensor_meta = _orig.pop("shallow")
+    ph._create_write_items_for_dtensor = _orig.pop("write")
+    ph._create_chunk_from_dtensor = _orig.pop("chunk")
+
+
+register_patch("shard_order", _apply, _restore)
