@@ -160,15 +160,15 @@ output  inputs         flops/rank  bytes/rank  compute_us  redistribute_us  tota
 R       R,R            0           196608      197.608     10.9,0.0         208.490
 S(0)    S(0),S(0)      0           98304       99.304      0.0,0.0          99.304
 P(sum)  P(sum),P(sum)  0           196608      197.608     inf,0.0          inf
-P(avg)  P(avg),P(avg)  0           196608      197.608     inf,0.0          inf
 P(avg)  P(avg),R       0           196608      197.608     inf,0.0          inf
 P(avg)  R,P(avg)       0           196608      197.608     10.9,0.0         208.490
-P(max)  P(max),P(max)  0           196608      197.608     inf,0.0          inf
+P(avg)  P(avg),P(avg)  0           196608      197.608     inf,0.0          inf
 P(max)  P(max),R       0           196608      197.608     inf,0.0          inf
 P(max)  R,P(max)       0           196608      197.608     10.9,0.0         208.490
-P(min)  P(min),P(min)  0           196608      197.608     inf,0.0          inf
+P(max)  P(max),P(max)  0           196608      197.608     inf,0.0          inf
 P(min)  P(min),R       0           196608      197.608     inf,0.0          inf
-P(min)  R,P(min)       0           196608      197.608     10.9,0.0         208.490""")
+P(min)  R,P(min)       0           196608      197.608     10.9,0.0         208.490
+P(min)  P(min),P(min)  0           196608      197.608     inf,0.0          inf""")
         self.assertExpectedInline(format_strategy_costs(index), """\
 output  inputs    flops/rank  bytes/rank  compute_us  redistribute_us  total_us
 R       R,R       0           52000       53.000      10.9,0.0         63.882
