@@ -36,14 +36,14 @@ class TestCoverageTable(TestCase):
 op                               calls  rule      strategies  cost
 -------------------------------  -----  --------  ----------  ----------------------
 aten.addmm.default               1      upstream  64          4 us (384 flop, 432 B)
-aten.detach.default              2      upstream  39          0 us (0 flop, 0 B)
+aten.detach.default              2      ours      39          0 us (0 flop, 0 B)
 aten.mm.default                  2      upstream  64          8 us (768 flop, 832 B)
 aten.relu.default                1      upstream  23          4 us (24 flop, 192 B)
 aten.sum.dim_IntList             1      upstream  16          4 us (24 flop, 112 B)
 aten.t.default                   5      upstream  39          0 us (0 flop, 0 B)
 aten.threshold_backward.default  1      upstream  9           4 us (24 flop, 288 B)
 aten.view.default                1      upstream  26          0 us (0 flop, 0 B)
-8 ops on mesh 2x2: 0 ours, 8 upstream, 0 decomp, 0 handler, 0 none""")
+8 ops on mesh 2x2: 1 ours, 7 upstream, 0 decomp, 0 handler, 0 none""")
 
     def test_op_without_rule_is_none_and_listed_missing(self) -> None:
         op = torch.ops.dtensor_rules_test.mystery.default

@@ -252,3 +252,38 @@ def test_plain_tensor_indices_under_implicit_replication_are_replicated() -> Non
             out = aten.index.Tensor(dx, [i])
         assert isinstance(out, DTensor) and out.placements == (Shard(1),)
         torch.testing.assert_close(out.full_tensor(), x[i])
+
+
+@pytest.mark.parametrize("mesh", [(2,), (2, 2)], ids=str)
+def test_dtensor_index_with_bool_masks_forward_and_backward(mesh) -> None:  # noqa: ANN001
+    """x[mask] (any mask rank, mixed with None / integer indices) runs through DTensor with any
+    layout of self and of the mask, and its gradient matches single device."""
+    from dtensor_rules.testing import strategies as dst
+    from dtensor_rules.testing.dispatch import full_value, to_dtensor
+
+    ran = []
+
+    @settings(SETTINGS, max_examples=15)
+    @given(call=index_calls(masks=True), data=st.data())
+    def case(call, data) -> None:  # noqa: ANN001
+        x, indices = call
+        assume(any(i is not None and i.dtype == torch.bool for i in indices) and x.is_floating_point())
+        ran.append(1)
+        x = x.float()
+        expected = aten.index.Tensor(x, indices)
+        ref = x.clone().requires_grad_()
+        (aten.index.Tensor(ref, indices) * 3).sum().backward()
+        x_pl = data.draw(dst.placement_lists(len(mesh), x.ndim, partial=True))
+        with simulated_mesh(mesh) as m:
+            dx = to_dtensor(x, m, x_pl).requires_grad_()
+            dind = [
+                None if i is None else to_dtensor(i, m, data.draw(dst.placement_lists(len(mesh), i.ndim)))
+                for i in indices
+            ]
+            out = aten.index.Tensor(dx, dind)
+            torch.testing.assert_close(full_value(out), expected)
+            (out * 3).sum().backward()
+            torch.testing.assert_close(full_value(dx.grad), ref.grad)
+
+    case()
+    assert ran, "no example with a bool mask was generated"

@@ -5,6 +5,7 @@ from dtensor_rules.ops import (  # noqa: F401
     fma,
     gather_scatter,
     grouped_mm,
+    identity,
     indexing,
     moe_index,
     scan,

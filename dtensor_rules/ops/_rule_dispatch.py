@@ -132,3 +132,45 @@ def rule_dispatch(op_call: OpOverload, args: tuple[object, ...], kwargs: dict[st
         out._spec = spec
         return out
     return DTensor(result, spec, requires_grad=False)
+
+
+def _is_mask(x: object) -> bool:
+    return isinstance(x, torch.Tensor) and x.dtype in (torch.bool, torch.uint8)
+
+
+def masks_to_indices(indices: list[object]) -> list[object]:
+    """Replace each bool mask in an index list by the long index tensors it stands for.
+
+    ``x[mask]`` is ``x[mask.nonzero().unbind(1)]`` (torch expands masks the same way). The
+    mask is replicated first, so every rank computes the same coordinates locally and the
+    long indices are Replicate DTensors of identical shape on every rank.
+    """
+    out: list[object] = []
+    for idx in indices:
+        if not _is_mask(idx):
+            out.append(idx)
+            continue
+        if not isinstance(idx, DTensor):
+            raise RuntimeError("aten.index.Tensor: a plain-tensor bool mask mixed with DTensors; make it a DTensor")
+        mesh = idx.device_mesh
+        full = idx.redistribute(mesh, [Replicate()] * mesh.ndim).to_local()
+        for coord in full.bool().nonzero(as_tuple=True):
+            out.append(DTensor.from_local(coord, mesh, [Replicate()] * mesh.ndim, run_check=False))
+    return out
+
+
+def index_dispatch(op_call: OpOverload, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
+    """``aten.index.Tensor`` through DTensor, bool masks included.
+
+    DTensor's fake-tensor meta step cannot size ``x[mask]`` (``aten.nonzero`` has a data
+    dependent shape), so masks become long indices first (:func:`masks_to_indices`); then
+    the call takes upstream's own Python dispatch path (propagate with the installed rule,
+    redistribute, run locally, wrap), which does not come back to this handler.
+    """
+    if len(args) > 1 and isinstance(args[1], (list, tuple)) and any(_is_mask(i) for i in args[1]):
+        args = (args[0], masks_to_indices(list(args[1])), *args[2:])
+    dispatcher = DTensor._op_dispatcher
+    op_info = dispatcher.unwrap_to_op_info(op_call, args, kwargs)
+    dispatcher.sharding_propagator.propagate(op_info)
+    local = dispatcher._dispatch_get_local_results_slow_path(op_call, args, op_info)
+    return dispatcher.wrap(local, op_info.output_sharding.output_spec)

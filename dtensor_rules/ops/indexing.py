@@ -52,12 +52,13 @@ Duplicate coordinates with ``accumulate=False`` are nondeterministic on one devi
 strategies above keep the same "one write wins" semantics per rank but a sum of per-rank
 partials can mix winners, so the sample suites keep such indices unique.
 
-Known DTensor limit (torch 2.13): ``index.Tensor`` with a bool mask cannot be dispatched at all
-(the output shape is data dependent and DTensor's fake-tensor meta step raises on
-``aten.nonzero``); the rule still answers correctly when asked. A custom dispatch handler (as
-for ``bincount``) is not installed for it: ``index.Tensor`` is a hot op whose every call would
-then leave DTensor's C++ fast path, and a handler cannot hand non-mask calls back to normal
-dispatch without re-entering itself.
+Bool masks through DTensor. torch 2.13's DTensor cannot size ``x[mask]`` in its fake-tensor
+meta step (``aten.nonzero`` has a data-dependent shape) and fails before consulting any rule.
+``index.Tensor`` is therefore installed with a dispatch handler
+(:func:`dtensor_rules.ops._rule_dispatch.index_dispatch`) that replicates each mask, turns it
+into the long index tensors it stands for (identical on every rank) and then runs upstream's
+Python dispatch path with this rule. Cost: ``index.Tensor`` calls leave DTensor's C++ fast
+path (the Python path is the one DTensor itself falls back to on a cache miss).
 
 Layouts the validator finds valid on the suites but not emitted, each valid only by luck of the
 sample: a Partial(max/min) INDEX tensor (ranks hold different, still in-range indices; the
@@ -78,6 +79,7 @@ from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlacehold
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
 from dtensor_rules.ops._common import PlacementOrHole
+from dtensor_rules.ops._rule_dispatch import index_dispatch
 from dtensor_rules.registry import register
 
 aten = torch.ops.aten
@@ -178,7 +180,8 @@ def _partial_ops(dtype: torch.dtype) -> tuple[str, ...]:
     return ("sum", "avg", "max", "min") if dtype.is_floating_point or dtype.is_complex else ("sum", "max", "min")
 
 
-@register(INDEX)
+@register([aten.index.Tensor], handler=index_dispatch)
+@register([aten.index.Tensor_out, aten.index.Tensor_hacked_twin])
 def index_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Pass non-indexed dims through, split the index shape with the index tensors, pass any Partial."""
     self_meta, indices = args[0], args[1]

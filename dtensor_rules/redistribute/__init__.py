@@ -5,7 +5,6 @@ See ``docs/redistribute.md``.
 """
 
 from dtensor_rules.redistribute import order_patches as _order_patches  # noqa: F401  (registers the shard_order fixes)
-from dtensor_rules.redistribute import order_rules as _order_rules  # noqa: F401  (registers detach/alias)
 from dtensor_rules.redistribute.api import distribute_tensor, layout_of, local_shard_offsets, plan, redistribute
 from dtensor_rules.redistribute.layout import Layout, normalize_orders, parse_layout
 from dtensor_rules.redistribute.planner import NoPlanError, Plan, Step, clear_plan_cache

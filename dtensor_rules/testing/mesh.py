@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import socket
+import queue as queue_module
+import tempfile
+import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -78,16 +80,10 @@ def simulated_mesh(shape: Sequence[int] | int, names: Sequence[str] | None = Non
         yield init_device_mesh("cpu", shape, mesh_dim_names=tuple(names) if names else None)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _gloo_worker(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple, queue: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _gloo_worker(rank: int, world: int, init_file: str, fn: Callable[..., Any], args: tuple, queue: Any) -> None:
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        # a file rendezvous unique to this run: no TCP port that a concurrent run could also pick
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
         torch.manual_seed(0)
         result = fn(rank, world, *args)
         queue.put((rank, True, result))
@@ -108,20 +104,34 @@ def run_gloo(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float
         raise ValueError(f"world_size must be in 1..{MAX_WORLD}, got {world_size}")
     ctx = torch.multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_gloo_worker, args=(r, world_size, port, fn, args, queue)) for r in range(world_size)]
-    for p in procs:
-        p.start()
-    results: dict[int, Any] = {}
-    try:
-        for _ in range(world_size):
-            rank, ok, value = queue.get(timeout=timeout)
-            if not ok:
-                raise RuntimeError(f"rank {rank} failed:\n{value}")
-            results[rank] = value
-    finally:
+    with tempfile.TemporaryDirectory(prefix="dtensor_rules_gloo_") as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        procs = [
+            ctx.Process(target=_gloo_worker, args=(r, world_size, init_file, fn, args, queue)) for r in range(world_size)
+        ]
         for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+            p.start()
+        results: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout
+        try:
+            while len(results) < world_size:
+                try:
+                    rank, ok, value = queue.get(timeout=1.0)
+                except queue_module.Empty:
+                    dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
+                    if dead:
+                        raise RuntimeError(f"gloo rank(s) {dead} died without a result (exit codes "
+                                           f"{[procs[r].exitcode for r in dead]})") from None
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"gloo run did not finish in {timeout:.0f}s; "
+                                           f"ranks still running: {sorted(set(range(world_size)) - set(results))}") from None
+                    continue
+                if not ok:
+                    raise RuntimeError(f"rank {rank} failed:\n{value}")
+                results[rank] = value
+        finally:
+            for p in procs:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.kill()
     return [results[r] for r in range(world_size)]

@@ -1,4 +1,4 @@
-"""Sample suites for prims.fma and _softmax_backward_data (uneven shapes, broadcasting, bf16)."""
+"""Sample suites for prims.fma, _softmax_backward_data and the identity-layout ops (uneven shapes, broadcasting, bf16)."""
 
 from __future__ import annotations
 
@@ -34,3 +34,13 @@ def softmax_backward_samples() -> Samples:
         grad = torch.randn(*shape, generator=g).to(dtype)
         out.append(((grad, y, dim, dtype), {}))
     return out
+
+
+@suite(torch.ops.aten.detach.default, torch.ops.aten.alias.default)
+def identity_samples() -> Samples:
+    g = _g(2)
+    return [
+        ((torch.randn(5, 3, generator=g),), {}),
+        ((torch.randn(3, 4, 2, generator=g).to(torch.bfloat16),), {}),
+        ((torch.randint(0, 9, (7,), generator=g),), {}),
+    ]
