@@ -183,22 +183,22 @@ def rule_source(op: OpOverload) -> str:
     return "none"
 
 
-def _concrete(x: Any) -> Any:
-    """A node's meta value as a plain tensor of the same shape/stride/dtype (zeros)."""
+def _materialize(x: Any, device: str) -> Any:
+    """A node's meta value as a tensor of the same shape/stride/dtype: zeros on ``cpu``
+    (strategy queries may look at values), no storage on ``meta`` (cost pricing)."""
     if isinstance(x, torch.Tensor):
         size = [int(s) for s in x.shape]
         stride = [int(s) for s in x.stride()]
-        return torch.zeros(size, dtype=x.dtype).as_strided(size, stride) if x.numel() else torch.empty_strided(
-            size, stride, dtype=x.dtype
-        )
+        out = torch.empty_strided(size, stride, dtype=x.dtype, device=device)
+        return out.zero_() if device != "meta" and out.numel() else out
     if isinstance(x, torch.SymInt):
         return int(x)
     return x
 
 
-def _node_args(node: torch.fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _node_args(node: torch.fx.Node, device: str = "cpu") -> tuple[tuple[Any, ...], dict[str, Any]]:
     def val(a: Any) -> Any:
-        return _concrete(a.meta.get("val")) if isinstance(a, torch.fx.Node) else _concrete(a)
+        return _materialize(a.meta.get("val") if isinstance(a, torch.fx.Node) else a, device)
 
     return pytree.tree_map(val, (tuple(node.args), dict(node.kwargs)))
 
@@ -212,22 +212,6 @@ def _count_strategies(op: OpOverload, args: Any, kwargs: Any, mesh: Any) -> int 
     if active is None or active[0] not in ("single_dim", "op_strategy"):
         return None
     return len(emitted_combos(active[0], active[1], op, Sample(args, kwargs), mesh))
-
-
-def _meta(x: Any) -> Any:
-    """A node's meta value as a meta-device tensor (shapes, strides, dtype; no values)."""
-    if isinstance(x, torch.Tensor):
-        return torch.empty_strided([int(s) for s in x.shape], [int(s) for s in x.stride()], dtype=x.dtype, device="meta")
-    if isinstance(x, torch.SymInt):
-        return int(x)
-    return x
-
-
-def _node_meta_args(node: torch.fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    def val(a: Any) -> Any:
-        return _meta(a.meta.get("val")) if isinstance(a, torch.fx.Node) else _meta(a)
-
-    return pytree.tree_map(val, (tuple(node.args), dict(node.kwargs)))
 
 
 def _si(n: float) -> str:
@@ -250,7 +234,7 @@ def op_cost(op: OpOverload, nodes: Sequence[torch.fx.Node], hardware: Any) -> st
     seconds, flops, nbytes, exact = 0.0, 0, 0, True
     try:
         for node in nodes:
-            args, kwargs = _node_meta_args(node)
+            args, kwargs = _node_args(node, "meta")
             cost = estimate_call(op, args, kwargs)
             seconds += runtime(cost, hardware)
             flops, nbytes, exact = flops + cost.flops, nbytes + cost.bytes, exact and cost.exact
