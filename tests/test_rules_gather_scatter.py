@@ -9,15 +9,12 @@ from hypothesis import strategies as st
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
 import dtensor_rules  # noqa: F401  (installs the rules)
-from dtensor_rules import registry
 from dtensor_rules.ops.gather_scatter import GATHER, SCATTER_ADD, SCATTER_REDUCE, SCATTER_SRC, SCATTER_VALUE
 from dtensor_rules.testing import check_rule, check_samples, simulated_mesh
 from dtensor_rules.testing import strategies as dst
-from dtensor_rules.testing.mesh import fake_world
-from dtensor_rules.testing.query import emitted_combos
-from dtensor_rules.testing.simulate import Sample, coords, local_input
+from dtensor_rules.testing.dispatch import to_dtensor
 from dtensor_rules.testing.suites import samples_for
-from dtensor_rules.testing.validator import _ours_info, format_combo
+from dtensor_rules.testing.tables import strategy_table
 
 aten = torch.ops.aten
 MESHES = [(2,), (4,), (2, 2), (2, 4), (2, 2, 2)]
@@ -31,23 +28,8 @@ def assert_no_incorrect(op, args, kwargs, mesh):  # noqa: ANN001, ANN201
     return report
 
 
-def partial_dtensor(full: torch.Tensor, mesh, placements):  # noqa: ANN001, ANN201
-    from torch.distributed._local_tensor import LocalTensor
-    from torch.distributed.tensor import DTensor
-
-    shape = tuple(mesh.shape)
-    locals_ = {r: local_input(full, tuple(placements), shape, c, salt=1) for r, c in enumerate(coords(shape))}
-    return DTensor.from_local(LocalTensor(locals_), mesh, placements, shape=full.shape, stride=full.stride())
 
 
-def table(op, args, kwargs=None) -> str:  # noqa: ANN001
-    rule = registry.get_rule(op)
-    with fake_world(2):
-        from torch.distributed.device_mesh import init_device_mesh
-
-        m = init_device_mesh("cpu", (2,))
-        combos = emitted_combos(rule.kind, _ours_info(rule), op, Sample(tuple(args), dict(kwargs or {})), m)
-    return "\n".join(sorted(format_combo(c) for c in combos))
 
 
 @st.composite
@@ -113,7 +95,7 @@ def test_scatter_add_index_sharded_sums_partial_end_to_end() -> None:
     self_t, src = torch.zeros(5, 4), torch.randn(9, 4)
     index = torch.randint(0, 5, (9, 4))
     with simulated_mesh((2,)) as mesh:
-        dself = partial_dtensor(self_t, mesh, [Partial("sum")])
+        dself = to_dtensor(self_t, mesh, [Partial("sum")])
         dindex = distribute_tensor(index, mesh, [Shard(0)])
         dsrc = distribute_tensor(src, mesh, [Shard(0)])
         out = torch.scatter_add(dself, 0, dindex, dsrc)
@@ -136,7 +118,7 @@ def test_scatter_add_inplace_end_to_end() -> None:
 def test_gather_partial_max_self_end_to_end() -> None:
     x, index = torch.randn(4, 7), torch.randint(0, 7, (4, 3))
     with simulated_mesh((2,)) as mesh:
-        dx = partial_dtensor(x, mesh, [Partial("max")])
+        dx = to_dtensor(x, mesh, [Partial("max")])
         out = torch.gather(dx, 1, distribute_tensor(index, mesh, [Replicate()]))
         assert tuple(out.placements) == (Partial("max"),)
         torch.testing.assert_close(out.full_tensor(), torch.gather(x, 1, index))
@@ -176,7 +158,7 @@ def test_scatter_backward_end_to_end() -> None:
 
 class GoldenTables(TestCase):
     def test_gather_table(self) -> None:
-        self.assertExpectedInline(table(aten.gather.default, (torch.randn(4, 6), 1, torch.randint(0, 6, (4, 3)))), """\
+        self.assertExpectedInline(strategy_table(aten.gather.default, (torch.randn(4, 6), 1, torch.randint(0, 6, (4, 3)))), """\
 (P(avg), R) -> (P(avg))
 (P(max), R) -> (P(max))
 (P(min), R) -> (P(min))
@@ -187,7 +169,7 @@ class GoldenTables(TestCase):
 
     def test_scatter_add_table(self) -> None:
         args = (torch.randn(4, 6), 0, torch.randint(0, 4, (5, 6)), torch.randn(5, 6))
-        self.assertExpectedInline(table(aten.scatter_add.default, args), """\
+        self.assertExpectedInline(strategy_table(aten.scatter_add.default, args), """\
 (P(avg), R, P(avg)) -> (P(avg))
 (P(avg), R, R) -> (P(avg))
 (P(max), R, R) -> (P(max))
@@ -200,7 +182,7 @@ class GoldenTables(TestCase):
 
     def test_scatter_src_table(self) -> None:
         args = (torch.randn(4, 6), 1, torch.randint(0, 6, (4, 3)), torch.randn(4, 5))
-        self.assertExpectedInline(table(aten.scatter.src, args), """\
+        self.assertExpectedInline(strategy_table(aten.scatter.src, args), """\
 (P(avg), R, P(avg)) -> (P(avg))
 (P(avg), R, R) -> (P(avg))
 (P(max), R, P(max)) -> (P(max))
@@ -215,7 +197,7 @@ class GoldenTables(TestCase):
 (S(0), S(0), S(0)) -> (S(0))""")
 
     def test_scatter_value_table(self) -> None:
-        self.assertExpectedInline(table(aten.scatter.value, (torch.randn(4, 6), 1, torch.randint(0, 6, (4, 3)), 1.5)), """\
+        self.assertExpectedInline(strategy_table(aten.scatter.value, (torch.randn(4, 6), 1, torch.randint(0, 6, (4, 3)), 1.5)), """\
 (P(avg), R) -> (P(avg))
 (P(max), R) -> (P(max))
 (P(min), R) -> (P(min))
@@ -224,7 +206,7 @@ class GoldenTables(TestCase):
 
     def test_scatter_reduce_amax_table(self) -> None:
         args = (torch.randn(4, 6), 0, torch.randint(0, 4, (5, 6)), torch.randn(5, 6), "amax")
-        self.assertExpectedInline(table(aten.scatter_reduce.two, args, {"include_self": True}), """\
+        self.assertExpectedInline(strategy_table(aten.scatter_reduce.two, args, {"include_self": True}), """\
 (P(max), R, P(max)) -> (P(max))
 (P(max), R, R) -> (P(max))
 (P(max), S(0), S(0)) -> (P(max))

@@ -12,12 +12,9 @@ import dtensor_rules  # noqa: F401  (installs the rules)
 from dtensor_rules.ops.slicing import CAT, SLICE_SCATTER
 from dtensor_rules.testing import check_rule, check_samples, simulated_mesh
 from dtensor_rules.testing import strategies as dst
-from dtensor_rules.testing.mesh import fake_world
-from dtensor_rules.testing.query import emitted_combos
-from dtensor_rules.testing.simulate import Sample
+from dtensor_rules.testing.dispatch import to_dtensor
 from dtensor_rules.testing.suites import samples_for
-from dtensor_rules.testing.validator import _ours_info, format_combo
-from dtensor_rules import registry
+from dtensor_rules.testing.tables import strategy_table
 
 aten = torch.ops.aten
 MESHES = [(2,), (4,), (2, 2), (2, 4), (2, 2, 2)]
@@ -25,16 +22,6 @@ PROPERTY = settings(max_examples=8, deadline=None, suppress_health_check=list(He
 DTYPES = (torch.float32, torch.bfloat16, torch.int64)
 
 
-def partial_dtensor(full: torch.Tensor, mesh, placements):  # noqa: ANN001, ANN201
-    """A DTensor laid out as ``placements`` (Partial included) from per-rank contributions."""
-    from torch.distributed._local_tensor import LocalTensor
-    from torch.distributed.tensor import DTensor
-
-    from dtensor_rules.testing.simulate import coords, local_input
-
-    shape = tuple(mesh.shape)
-    locals_ = {r: local_input(full, tuple(placements), shape, c, salt=1) for r, c in enumerate(coords(shape))}
-    return DTensor.from_local(LocalTensor(locals_), mesh, placements, shape=full.shape, stride=full.stride())
 
 
 def assert_no_incorrect(op, args, mesh):  # noqa: ANN001, ANN201
@@ -44,15 +31,6 @@ def assert_no_incorrect(op, args, mesh):  # noqa: ANN001, ANN201
     return report
 
 
-def table(op, args, mesh=(2,)) -> str:  # noqa: ANN001
-    """Our emitted strategies for one call, one combo a line (the golden tables)."""
-    rule = registry.get_rule(op)
-    with fake_world(len(mesh) and mesh[0]):
-        from torch.distributed.device_mesh import init_device_mesh
-
-        m = init_device_mesh("cpu", mesh)
-        combos = emitted_combos(rule.kind, _ours_info(rule), op, Sample(tuple(args), {}), m)
-    return "\n".join(sorted(format_combo(c) for c in combos))
 
 
 @st.composite
@@ -126,8 +104,8 @@ def test_cat_out_variant_end_to_end() -> None:
 def test_cat_end_to_end_partial_and_shard() -> None:
     a, b = torch.randn(5, 3), torch.randn(5, 4)
     with simulated_mesh((2, 2)) as mesh:
-        da = partial_dtensor(a, mesh, [Shard(0), Partial("max")])
-        db = partial_dtensor(b, mesh, [Shard(0), Partial("max")])
+        da = to_dtensor(a, mesh, [Shard(0), Partial("max")])
+        db = to_dtensor(b, mesh, [Shard(0), Partial("max")])
         out = torch.cat([da, db], dim=-1)
         assert tuple(out.placements) == (Shard(0), Partial("max"))
         torch.testing.assert_close(out.full_tensor(), torch.cat([a, b], -1))
@@ -148,7 +126,7 @@ def test_cat_end_to_end_backward_matches_single_device() -> None:
 def test_slice_scatter_end_to_end_src_placement_differs_from_self() -> None:
     x, src = torch.randn(6, 7), torch.randn(6, 3)
     with simulated_mesh((2,)) as mesh:
-        dx = partial_dtensor(x, mesh, [Partial("avg")])
+        dx = to_dtensor(x, mesh, [Partial("avg")])
         dsrc = distribute_tensor(src, mesh, [Replicate()])
         out = torch.slice_scatter(dx, dsrc, 1, 1, 7, 2)
         assert tuple(out.placements) == (Partial("avg"),)
@@ -186,7 +164,7 @@ def test_slice_scatter_rejects_what_torch_rejects() -> None:
 
 class GoldenTables(TestCase):
     def test_cat_table(self) -> None:
-        self.assertExpectedInline(table(aten.cat.default, ([torch.randn(4, 3), torch.randn(4, 2)], 1)), """\
+        self.assertExpectedInline(strategy_table(aten.cat.default, ([torch.randn(4, 3), torch.randn(4, 2)], 1)), """\
 (P(avg), P(avg)) -> (P(avg))
 (P(avg), R) -> (P(avg))
 (P(max), P(max)) -> (P(max))
@@ -201,7 +179,7 @@ class GoldenTables(TestCase):
 (S(0), S(0)) -> (S(0))""")
 
     def test_slice_scatter_table(self) -> None:
-        self.assertExpectedInline(table(aten.slice_scatter.default, (torch.randn(4, 6), torch.randn(4, 2), 1, 1, 5, 2)), """\
+        self.assertExpectedInline(strategy_table(aten.slice_scatter.default, (torch.randn(4, 6), torch.randn(4, 2), 1, 1, 5, 2)), """\
 (P(avg), P(avg)) -> (P(avg))
 (P(avg), R) -> (P(avg))
 (P(max), P(max)) -> (P(max))

@@ -9,9 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch._ops import OpOverload
 
 Samples = list[tuple[tuple[Any, ...], dict[str, Any]]]
+
+
+def generator(seed: int) -> torch.Generator:
+    """A seeded generator: every run of a suite sees the same data."""
+    return torch.Generator().manual_seed(seed)
 _SUITES: dict[OpOverload, Callable[[], Samples]] = {}
 
 

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from dtensor_rules.testing.suites import Samples, suite
+from dtensor_rules.testing.suites import Samples, generator, suite
 
 aten = torch.ops.aten
 
 
-def _g(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
 @suite(aten.histc.default)
 def histc_samples() -> Samples:
-    g = _g(20)
+    g = generator(20)
     expert_ids = torch.randint(0, 8, (7, 2), generator=g).float()  # top-2 expert ids per token
     return [
         ((expert_ids, 8, 0, 7), {}),  # MoE tokens-per-expert
@@ -29,7 +25,7 @@ def histc_samples() -> Samples:
 
 @suite(aten.bincount.default)
 def bincount_samples() -> Samples:
-    g = _g(21)
+    g = generator(21)
     ids = torch.randint(0, 6, (9,), generator=g)
     return [
         ((ids,), {}),

@@ -6,11 +6,7 @@ from __future__ import annotations
 import torch
 
 from dtensor_rules.ops.gather_scatter import GATHER, SCATTER_ADD, SCATTER_REDUCE, SCATTER_SRC, SCATTER_VALUE
-from dtensor_rules.testing.suites import Samples, suite
-
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+from dtensor_rules.testing.suites import Samples, generator, suite
 
 
 def _index(g: torch.Generator, high: int, *shape: int) -> torch.Tensor:
@@ -25,7 +21,7 @@ def _r(g: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32) -> t
 
 @suite(GATHER[0])
 def gather_samples() -> Samples:
-    g = _gen(20)
+    g = generator(20)
     return [
         ((_r(g, 4, 6), 1, _index(g, 6, 4, 3)), {}),  # same size on the other dim
         ((_r(g, 5, 6), 1, _index(g, 6, 3, 3)), {}),  # index smaller on dim 0
@@ -37,7 +33,7 @@ def gather_samples() -> Samples:
 
 @suite(SCATTER_ADD[0])
 def scatter_add_samples() -> Samples:
-    g = _gen(21)
+    g = generator(21)
     return [
         ((_r(g, 4, 6), 0, _index(g, 4, 5, 6), _r(g, 5, 6)), {}),  # duplicates along dim 0
         ((_r(g, 4, 6), 1, _index(g, 6, 4, 3), _r(g, 6, 5)), {}),  # src larger than index
@@ -49,7 +45,7 @@ def scatter_add_samples() -> Samples:
 
 @suite(SCATTER_SRC[0])
 def scatter_src_samples() -> Samples:
-    g = _gen(22)
+    g = generator(22)
     # unique indices along dim so the written value is well defined
     idx = torch.stack([torch.randperm(6, generator=g)[:3] for _ in range(4)])
     return [
@@ -61,7 +57,7 @@ def scatter_src_samples() -> Samples:
 
 @suite(SCATTER_VALUE[0])
 def scatter_value_samples() -> Samples:
-    g = _gen(23)
+    g = generator(23)
     return [
         ((_r(g, 4, 6), 1, _index(g, 6, 4, 3), 0.0), {}),
         ((_r(g, 5, 3), 0, _index(g, 5, 2, 3), -0.5), {}),
@@ -71,7 +67,7 @@ def scatter_value_samples() -> Samples:
 
 @suite(SCATTER_REDUCE[0])
 def scatter_reduce_samples() -> Samples:
-    g = _gen(24)
+    g = generator(24)
     out = []
     for reduce in ("sum", "mean", "amax", "amin", "prod"):
         for include_self in (True, False):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from dtensor_rules.ops.grouped_mm import GROUPED_MM
-from dtensor_rules.testing.suites import Samples, suite
+from dtensor_rules.testing.suites import Samples, generator, suite
 
 
 def _offs(*ends: int) -> torch.Tensor:
@@ -19,7 +19,7 @@ def _offs(*ends: int) -> torch.Tensor:
 
 @suite(GROUPED_MM)
 def grouped_mm_samples() -> Samples:
-    g = torch.Generator().manual_seed(20)
+    g = generator(20)
     r = lambda *s, dtype=torch.float32: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
     bf = torch.bfloat16
     return [

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from dtensor_rules.testing.suites import Samples, suite
+from dtensor_rules.testing.suites import Samples, generator, suite
 
 aten = torch.ops.aten
 
@@ -22,7 +22,7 @@ def _t(*vals: int) -> torch.Tensor:
 
 @suite(aten.index.Tensor)
 def index_samples() -> Samples:
-    g = torch.Generator().manual_seed(10)
+    g = generator(10)
     r = lambda *s, dtype=torch.float32: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
     return [
         ((r(6, 5), [_t(0, 3, 3, -1)]), {}),  # duplicates, negative index, uneven dim
@@ -35,7 +35,7 @@ def index_samples() -> Samples:
 
 @suite(aten.index_put.default)
 def index_put_samples() -> Samples:
-    g = torch.Generator().manual_seed(11)
+    g = generator(11)
     r = lambda *s, dtype=torch.float32: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
     mask = torch.tensor([[1, 0, 1], [0, 0, 1], [1, 1, 0], [0, 1, 1]], dtype=torch.bool)
     return [

@@ -6,16 +6,12 @@ import torch
 
 from dtensor_rules.ops.fma import fma
 from dtensor_rules.ops.softmax import SOFTMAX_BACKWARD
-from dtensor_rules.testing.suites import Samples, suite
-
-
-def _g(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+from dtensor_rules.testing.suites import Samples, generator, suite
 
 
 @suite(fma)
 def fma_samples() -> Samples:
-    g = _g(0)
+    g = generator(0)
     r = lambda *s, dtype=torch.float32: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
     return [
         ((r(4, 6), r(4, 6), r(4, 6)), {}),
@@ -27,7 +23,7 @@ def fma_samples() -> Samples:
 
 @suite(SOFTMAX_BACKWARD[0])
 def softmax_backward_samples() -> Samples:
-    g = _g(1)
+    g = generator(1)
     out = []
     for shape, dim, dtype in (((4, 6), -1, torch.float32), ((5, 3, 4), 1, torch.float32), ((3, 8), 0, torch.bfloat16)):
         y = torch.randn(*shape, generator=g).softmax(dim).to(dtype)
@@ -38,7 +34,7 @@ def softmax_backward_samples() -> Samples:
 
 @suite(torch.ops.aten.detach.default, torch.ops.aten.alias.default)
 def identity_samples() -> Samples:
-    g = _g(2)
+    g = generator(2)
     return [
         ((torch.randn(5, 3, generator=g),), {}),
         ((torch.randn(3, 4, 2, generator=g).to(torch.bfloat16),), {}),

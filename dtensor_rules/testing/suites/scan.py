@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from dtensor_rules.testing.suites import Samples, suite
+from dtensor_rules.testing.suites import Samples, generator, suite
 
 aten = torch.ops.aten
 
 
-def _g(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
 @suite(aten.cumsum.default)
 def cumsum_samples() -> Samples:
-    g = _g(10)
+    g = generator(10)
     counts = torch.randint(0, 9, (8,), generator=g)  # tokens per expert -> offsets
     return [
         ((torch.randn(5, 4, 3, generator=g), 1), {}),
@@ -30,7 +26,7 @@ def cumsum_samples() -> Samples:
 
 @suite(aten.cumsum_.default)
 def cumsum_inplace_samples() -> Samples:
-    g = _g(11)
+    g = generator(11)
     return [
         ((torch.randn(5, 3, generator=g), 0), {}),
         ((torch.randint(-3, 4, (4, 5), generator=g, dtype=torch.int32), 1), {}),  # int32 in place: exact

@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 
 from dtensor_rules.ops.slicing import CAT, SLICE_SCATTER
-from dtensor_rules.testing.suites import Samples, suite
+from dtensor_rules.testing.suites import Samples, generator, suite
 
 
 def _rand(seed: int):  # noqa: ANN202 - tiny local factory
-    g = torch.Generator().manual_seed(seed)
+    g = generator(seed)
 
     def r(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if dtype.is_floating_point:

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from dtensor_rules.testing.suites import Samples, suite
+from dtensor_rules.testing.suites import Samples, generator, suite
 
 aten = torch.ops.aten
 
 
-def _g(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
 def _inputs(seed: int) -> dict[str, torch.Tensor]:
-    g = _g(seed)
+    g = generator(seed)
     return {
         "f32": torch.randn(5, 4, 3, generator=g),
         "ties": torch.randint(0, 3, (6, 5), generator=g).float(),  # many equal values per row
