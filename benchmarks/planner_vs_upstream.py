@@ -29,8 +29,7 @@ import torch.distributed as dist  # noqa: E402
 from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 from torch.distributed.tensor import Partial, Replicate, Shard  # noqa: E402
 from torch.distributed.tensor import _redistribute as R  # noqa: E402
-from torch.distributed.tensor._collective_utils import one_step_redistribute_cost  # noqa: E402
-from torch.distributed.tensor._dtensor_spec import DTensorSpec, ShardOrderEntry, TensorMeta  # noqa: E402
+from dtensor_rules._upstream import DTensorSpec, one_step_redistribute_cost, ShardOrderEntry, TensorMeta
 
 from dtensor_rules.redistribute import Layout, Topology, clear_plan_cache, plan  # noqa: E402
 from dtensor_rules.redistribute.planner import PlanContext  # noqa: E402

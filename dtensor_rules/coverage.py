@@ -160,14 +160,14 @@ def trace_joint(module_or_fn: Callable[..., Any], example_inputs: Sequence[Any])
 
 # --------------------------------------------------------------------------- classification
 def _custom_handlers() -> dict[OpOverload, Any]:
-    from torch.distributed.tensor import DTensor
+    from dtensor_rules._upstream import custom_op_handlers
 
-    return dict(getattr(DTensor._op_dispatcher, "_custom_op_handlers", {}))
+    return dict(custom_op_handlers())
 
 
 def rule_source(op: OpOverload) -> str:
     """ours | upstream | decomp | handler | none: where DTensor's dispatch gets the decision now."""
-    from torch.distributed.tensor._decompositions import DecompShardingStrategy
+    from dtensor_rules._upstream import DecompShardingStrategy
 
     from dtensor_rules import registry
     from dtensor_rules.testing.query import active_strategy

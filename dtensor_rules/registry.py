@@ -8,7 +8,7 @@ entry back exactly as it was (same keys, same function objects).
 Two kinds of strategy function are supported, mirroring upstream:
 
 ``kind="single_dim"``
-    ``fn(op, args_meta, kwargs_meta) -> list[list[Placement | _ShardingPlaceholder]]``,
+    ``fn(op, args_meta, kwargs_meta) -> list[list[Placement | ShardingPlaceholder]]``,
     each inner list ``[*output_placements, *input_placements]`` for ONE mesh dim;
     upstream's infrastructure expands it to the full mesh and fills tensor_meta and
     redistribute costs. The all-Replicate strategy is implied.
@@ -37,17 +37,24 @@ from typing import Any, Literal
 
 import torch
 from torch._ops import OpOverload
-from torch.distributed.tensor._op_schema import (
+from torch.distributed.tensor.placement_types import Placement
+
+from dtensor_rules._upstream import (
+    HANDLERS,
+    META_STEP_ATTR,
+    SCHEMA_REGISTRIES,
+    STRATEGY_REGISTRIES,
     OpSchema,
     OpStrategy,
     RuntimeSchemaInfo,
+    ShardingPlaceholder,
+    SingleDimStrategyInfo,
     TupleStrategy,
+    clear_sharding_caches,
+    num_tensor_inputs,
+    propagator,
+    registry,
 )
-from torch.distributed.tensor._ops.single_dim_strategy import (
-    _ShardingPlaceholder,
-    _SingleDimStrategyInfo,
-)
-from torch.distributed.tensor.placement_types import Placement
 
 __all__ = [
     "Rule",
@@ -126,25 +133,11 @@ def _restore_patches(names: Sequence[str]) -> None:
             _patches[name][1]()
             _patched.discard(name)
 
-_STRATEGY_REGISTRIES = ("op_strategy_funcs", "op_single_dim_strategy_funcs", "op_to_rules")
-_SCHEMA_REGISTRIES = ("op_to_schema_info", "op_to_schema_info_for_single_dim_strategy")
-_ALL_REGISTRIES = _STRATEGY_REGISTRIES + _SCHEMA_REGISTRIES
-_HANDLERS = "_custom_op_handlers"  # lives on DTensor._op_dispatcher, not on the propagator
-
-
-def _propagator() -> Any:
-    from torch.distributed.tensor import DTensor
-
-    return DTensor._op_dispatcher.sharding_propagator
-
-
-def _registry(name: str) -> dict[Any, Any]:
-    """One of the dicts we patch: a propagator registry, or the dispatcher's custom handlers."""
-    from torch.distributed.tensor import DTensor
-
-    if name == _HANDLERS:
-        return DTensor._op_dispatcher._custom_op_handlers
-    return getattr(_propagator(), name)
+_STRATEGY_REGISTRIES = STRATEGY_REGISTRIES
+_ALL_REGISTRIES = STRATEGY_REGISTRIES + SCHEMA_REGISTRIES
+_HANDLERS = HANDLERS
+_registry = registry
+_propagator = propagator
 
 
 def _as_overload(op: Any) -> OpOverload:
@@ -290,9 +283,7 @@ def _ensure_ops_loaded() -> None:
 
 # --------------------------------------------------------------------------- validation
 def _count_tensor_args(schema: OpSchema) -> int:
-    from torch.distributed.tensor._ops.single_dim_strategy import _get_num_tensor_inputs
-
-    return _get_num_tensor_inputs(schema)
+    return num_tensor_inputs(schema)
 
 
 def _checked_single_dim(rule: Rule) -> Callable[..., Any]:
@@ -317,7 +308,7 @@ def _checked_single_dim(rule: Rule) -> Callable[..., Any]:
             for i, p in enumerate(s):
                 if p is None and i < n_out:
                     continue
-                if not isinstance(p, (Placement, _ShardingPlaceholder)):
+                if not isinstance(p, (Placement, ShardingPlaceholder)):
                     raise RuleError(f"rule for {op} returned {p!r} in strategy {s!r}: not a Placement")
                 dim = getattr(p, "dim", None)
                 if dim is not None and i >= n_out:
@@ -385,7 +376,7 @@ def _install_ops(ops: Sequence[OpOverload], policy: Policy) -> list[OpOverload]:
             for name in _ALL_REGISTRIES:
                 getattr(prop, name).pop(op, None)
             if rule.kind == "single_dim":
-                prop.op_single_dim_strategy_funcs[op] = _SingleDimStrategyInfo(
+                prop.op_single_dim_strategy_funcs[op] = SingleDimStrategyInfo(
                     func=_checked_single_dim(rule),
                     allow_uneven_sharding=rule.allow_uneven_sharding,
                 )
@@ -420,7 +411,7 @@ def _uninstall_ops(ops: Sequence[OpOverload]) -> None:
     _clear_caches()
 
 
-_META_ATTR = "_propagate_tensor_meta_non_cached"
+_META_ATTR = META_STEP_ATTR
 
 
 def _sync_meta_wrapper() -> None:
@@ -452,11 +443,7 @@ _active_meta_fallbacks: dict[OpOverload, Callable[..., Any]] = {}
 
 def _clear_caches() -> None:
     """Drop every cached sharding decision so neither side's decision is reused."""
-    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-
-    prop = _propagator()
-    _clear_sharding_prop_cache()
-    prop._propagate_tensor_meta_cached.cache_clear()
+    clear_sharding_caches()
 
 
 def install(policy: Policy = "override", ops: Sequence[Any] | None = None) -> list[OpOverload]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from dtensor_rules._upstream import FakeTensorMode
 
 import dtensor_rules  # noqa: F401
 from dtensor_rules.costs import CostError, OpCost, estimate, estimate_call

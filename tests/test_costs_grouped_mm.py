@@ -85,7 +85,7 @@ def test_meta_offs_assumes_balanced_groups_and_says_so() -> None:
 
 
 def test_fake_tensors_are_priced_like_meta() -> None:
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from dtensor_rules._upstream import FakeTensorMode
 
     with FakeTensorMode():
         a, b = torch.empty(8, K, dtype=torch.bfloat16), torch.empty(2, K, N, dtype=torch.bfloat16)

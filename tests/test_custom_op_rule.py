@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
-from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from dtensor_rules._upstream import ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
 import dtensor_rules
@@ -27,7 +27,7 @@ def _(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def scaled_add_strategy(op, args, kwargs):
     """Pointwise per dim; linear, so Partial(sum) passes."""
     (x, _y) = args
-    rows = [[_ShardingPlaceholder(d)] * 3 for d in range(len(x.shape))]
+    rows = [[ShardingPlaceholder(d)] * 3 for d in range(len(x.shape))]
     return rows + [[Partial("sum")] * 3]
 
 

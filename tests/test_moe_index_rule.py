@@ -8,7 +8,7 @@ from tests._moe_index_cases import Case, cases, oracle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from dtensor_rules._upstream import ShardingPlaceholder
 
 import dtensor_rules
 from dtensor_rules import registry
@@ -57,7 +57,7 @@ def test_validator_catches_a_wrong_rule_for_this_op() -> None:
     rule = registry.get_rule(OP)
 
     def sharded(op, args, kwargs):  # type: ignore[no-untyped-def]
-        return [[_ShardingPlaceholder(0), Replicate(), Replicate(), _ShardingPlaceholder(0)]]
+        return [[ShardingPlaceholder(0), Replicate(), Replicate(), ShardingPlaceholder(0)]]
 
     args = (torch.tensor([4, 0, 2, 3, 1, 0, 0, 5], dtype=torch.int32), 4, 2, 40, 8)
     registry.register(OP, replace=True)(sharded)

@@ -61,7 +61,7 @@ def test_dcp_save_ordered_load_default_order(tmp_path):
 
 def test_patches_follow_install_and_uninstall_exactly():
     import torch.distributed.checkpoint.planner_helpers as ph
-    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+    from dtensor_rules._upstream import DTensorSpec
 
     import dtensor_rules
     from dtensor_rules.redistribute import order_patches as op

@@ -103,8 +103,8 @@ def test_cap_changes_plan_instead_of_gathering_everything():
 def test_upstream_like_topology_matches_one_step_redistribute_cost():
     """Our single-dim step costs equal torch's own one_step_redistribute_cost (the benchmark relies on it)."""
     import torch.distributed as dist
-    from torch.distributed.tensor._collective_utils import one_step_redistribute_cost
-    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+    from dtensor_rules._upstream import one_step_redistribute_cost
+    from dtensor_rules._upstream import DTensorSpec, TensorMeta
 
     from dtensor_rules.testing import fake_world
     from torch.distributed.device_mesh import DeviceMesh

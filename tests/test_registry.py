@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from dtensor_rules._upstream import ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
 import dtensor_rules
@@ -255,7 +255,7 @@ def test_placeholder_strategies_pass_validation():
     info = DTensor._op_dispatcher.sharding_propagator.op_single_dim_strategy_funcs[FMA]
     meta = torch.distributed.tensor._dtensor_spec.TensorMeta(torch.Size([2, 3]), (3, 1), torch.float32)
     rows = info.func(FMA, (meta, meta, meta), {})
-    assert [_ShardingPlaceholder(0).dim] == [rows[0][0].dim]
+    assert [ShardingPlaceholder(0).dim] == [rows[0][0].dim]
 
 
 def test_custom_dispatch_handler_installed_and_restored_exactly(restore_install):

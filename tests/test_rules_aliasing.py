@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+from dtensor_rules._upstream import expand_to_mesh
 from torch.distributed.tensor.placement_types import Replicate, Shard
 
 import dtensor_rules  # noqa: F401  (installs the rules)
@@ -133,7 +133,7 @@ def test_op_strategy_that_redistributes_inplace_self_is_reported() -> None:
     def moves_self(op_schema):  # noqa: ANN001, ANN202 - a deliberately wrong rule
         mesh = op_schema.get_mesh_from_args()
         rows = [[Replicate()] * 4, [Shard(1), Shard(1), Shard(1), Shard(1)]]
-        return expand_to_full_mesh_op_strategy(mesh, op_schema, rows, input_index=1)
+        return expand_to_mesh(mesh, op_schema, rows, input_index=1)
 
     with fake_world(2):
         mesh = init_device_mesh("cpu", (2,))

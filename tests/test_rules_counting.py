@@ -7,8 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch._subclasses.fake_tensor import DynamicOutputShapeException
-from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from dtensor_rules._upstream import DynamicOutputShapeException, ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
 import dtensor_rules  # (installs the rules)
@@ -182,7 +181,7 @@ def rows(op, args, kwargs=None) -> str:
     meta = lambda v: tensor_meta(v) if isinstance(v, torch.Tensor) else v  # noqa: E731
     args_meta = tuple(meta(a) for a in args)
     kwargs_meta = {k: meta(v) for k, v in (kwargs or {}).items()}
-    fmt = lambda p: f"S({p.dim})" if isinstance(p, _ShardingPlaceholder) else _pstr(p)  # noqa: E731
+    fmt = lambda p: f"S({p.dim})" if isinstance(p, ShardingPlaceholder) else _pstr(p)  # noqa: E731
     return "\n".join(", ".join(map(fmt, r)) for r in get_rule(op).strategy(op, args_meta, kwargs_meta)) or "(R only)"
 
 

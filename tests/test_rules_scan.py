@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from dtensor_rules._upstream import ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
 import dtensor_rules  # noqa: F401  (installs the rules)
@@ -146,7 +146,7 @@ def test_dtensor_cumsum_backward(dim, placement) -> None:
 def rows(op, x: torch.Tensor, dim: int, **kwargs) -> str:
     metas = {k: tensor_meta(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     strategies = get_rule(op).strategy(op, (tensor_meta(x), dim), metas)
-    fmt = lambda p: f"S({p.dim})" if isinstance(p, _ShardingPlaceholder) else _pstr(p)  # noqa: E731
+    fmt = lambda p: f"S({p.dim})" if isinstance(p, ShardingPlaceholder) else _pstr(p)  # noqa: E731
     return "\n".join(", ".join(map(fmt, r)) for r in strategies)
 
 

@@ -224,9 +224,9 @@ def _metas(sample: Sample):
 
 
 def _placement_str(p) -> str:
-    from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+    from dtensor_rules._upstream import ShardingPlaceholder
 
-    if isinstance(p, _ShardingPlaceholder):
+    if isinstance(p, ShardingPlaceholder):
         return f"S({p.dim})"
     return _pstr(p)
 

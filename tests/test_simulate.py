@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from torch.distributed._local_tensor import LocalTensor
+from dtensor_rules._upstream import LocalTensor
 from torch.distributed.tensor import distribute_tensor
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 

@@ -53,7 +53,7 @@ def is_concrete(t: Any) -> bool:
         return False
     if t.device.type == "meta":
         return False
-    from torch._subclasses.fake_tensor import FakeTensor
+    from dtensor_rules._upstream import FakeTensor
 
     if isinstance(t, FakeTensor):
         return False

@@ -17,10 +17,16 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, TupleStrategy
-from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
-from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+from dtensor_rules._upstream import (
+    compute_local_shape_and_global_offset,
+    DTensorSpec,
+    OpSchema,
+    OpSpec,
+    OpStrategy,
+    ShardingPlaceholder,
+    TensorMeta,
+    TupleStrategy,
+)
 from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
 from torch.utils import _pytree as pytree
 
@@ -71,11 +77,8 @@ def _op_strategy(op: OpOverload, args: tuple, kwargs: dict, mesh: DeviceMesh, cu
     (``needs_pytree``) so list elements count as inputs. Single-dim rules are expanded
     with DTensor's own ``_expand_single_dim_strategy_to_mesh``, op-strategy rules are called.
     """
-    from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
-    from torch.distributed.tensor._ops.single_dim_strategy import (
-        _expand_single_dim_strategy_to_mesh,
-        _SingleDimStrategyInfo,
-    )
+    from dtensor_rules._upstream import RuntimeSchemaInfo
+    from dtensor_rules._upstream import expand_single_dim_rule, SingleDimStrategyInfo
 
     from dtensor_rules.registry import default_schema_info, get_rule
 
@@ -95,15 +98,15 @@ def _op_strategy(op: OpOverload, args: tuple, kwargs: dict, mesh: DeviceMesh, cu
     else:
         def filled(o: OpOverload, a: Any, k: Any) -> list[list[Placement]]:
             # dispatch fills placeholders with the shard types its inputs use: plain Shard here
-            return [[Shard(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in st] for st in rule.strategy(o, a, k)]
+            return [[Shard(p.dim) if isinstance(p, ShardingPlaceholder) else p for p in st] for st in rule.strategy(o, a, k)]
 
         out = _output(op, args, kwargs, tensors)
         out_meta = _meta_of(out) if isinstance(out, torch.Tensor) else tuple(
             _meta_of(o) if isinstance(o, torch.Tensor) else None for o in out
         )
         m_args, m_kwargs = _replace_tensors((args, kwargs), [_meta_of(t) for t in tensors])
-        info_fn = _SingleDimStrategyInfo(func=filled, allow_uneven_sharding=rule.allow_uneven_sharding)
-        result = _expand_single_dim_strategy_to_mesh(mesh, schema, info_fn, out_meta)(op, m_args, m_kwargs)
+        info_fn = SingleDimStrategyInfo(func=filled, allow_uneven_sharding=rule.allow_uneven_sharding)
+        result = expand_single_dim_rule(mesh, schema, info_fn, out_meta)(op, m_args, m_kwargs)
     if isinstance(result, TupleStrategy):
         raise CostError(
             f"{op}: the rule returned one strategy per list element (TupleStrategy, foreach-style); "
@@ -115,7 +118,7 @@ def _op_strategy(op: OpOverload, args: tuple, kwargs: dict, mesh: DeviceMesh, cu
 def _output(op: OpOverload, args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> Any:
     """The op's output for its tensor metadata: on fake tensors, or run for real when the
     output shape depends on the data (``bincount``) and the inputs hold data."""
-    from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
+    from dtensor_rules._upstream import DynamicOutputShapeException, FakeTensorMode
 
     from dtensor_rules.costs._util import is_concrete
 
@@ -129,7 +132,7 @@ def _output(op: OpOverload, args: tuple, kwargs: dict, tensors: list[torch.Tenso
 
 
 def _local_meta(t: torch.Tensor, mesh_shape: tuple[int, ...], coord: list[int], placements: Sequence[Placement]) -> torch.Tensor:
-    shape, _ = _compute_local_shape_and_global_offset(t.shape, mesh_shape, coord, placements)
+    shape, _ = compute_local_shape_and_global_offset(t.shape, mesh_shape, coord, placements)
     return torch.empty(shape, dtype=t.dtype, device="meta")
 
 

@@ -6,11 +6,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.distributed.tensor._dtensor_spec import TensorMeta
-from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from dtensor_rules._upstream import ShardingPlaceholder, TensorMeta
 from torch.distributed.tensor.placement_types import Placement, Replicate
 
-PlacementOrHole = Placement | _ShardingPlaceholder
+PlacementOrHole = Placement | ShardingPlaceholder
 
 
 def normalize_dim(dim: int, ndim: int) -> int:
@@ -36,11 +35,11 @@ def shard_through_broadcast(out_shape: Sequence[int], in_shapes: Sequence[Sequen
     out: list[list[PlacementOrHole]] = []
     nd = len(out_shape)
     for d in range(nd):
-        row: list[PlacementOrHole] = [_ShardingPlaceholder(d)]
+        row: list[PlacementOrHole] = [ShardingPlaceholder(d)]
         for shape in in_shapes:
             k = d - (nd - len(shape))
-            row.append(_ShardingPlaceholder(k) if k >= 0 and shape[k] != 1 else Replicate())
-        if any(isinstance(p, _ShardingPlaceholder) for p in row[1:]):
+            row.append(ShardingPlaceholder(k) if k >= 0 and shape[k] != 1 else Replicate())
+        if any(isinstance(p, ShardingPlaceholder) for p in row[1:]):
             out.append(row)
     return out
 

@@ -9,7 +9,7 @@ run at all. Upstream's extension point for ops needing custom dispatch is
 
 1. expands our single-dim rule to the mesh with ``expand_to_full_mesh_op_strategy`` (the
    same expansion dispatch uses, ``out=`` filtering included) and picks the cheapest
-   strategy with upstream's ``_select_min_cost_strategy``;
+   strategy with upstream's ``select_min_cost_strategy``;
 2. redistributes the inputs to it (an ``out=`` tensor is never redistributed: the
    expansion only offers strategies whose output is laid out like it);
 3. runs the op on the local tensors and wraps the result with the strategy's output
@@ -26,11 +26,20 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy
-from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
-from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
-from torch.distributed.tensor._sharding_prop import _select_min_cost_strategy
+from dtensor_rules._upstream import (
+    dispatch_slow_path,
+    DTensorSpec,
+    expand_to_mesh,
+    local_tensor,
+    OpSchema,
+    OpSpec,
+    OpStrategy,
+    select_min_cost_strategy,
+    set_spec,
+    ShardingPlaceholder,
+    spec_of,
+    TensorMeta,
+)
 from torch.distributed.tensor.placement_types import Replicate, Shard
 from torch.utils import _pytree as pytree
 
@@ -73,13 +82,13 @@ def rule_dispatch(op_call: OpOverload, args: tuple[object, ...], kwargs: dict[st
     def swap(fn: Any) -> tuple[Any, Any]:
         return pytree.tree_unflatten([fn(x) if isinstance(x, DTensor) else x for x in leaves], tree)
 
-    meta_args, meta_kwargs = swap(lambda d: d._spec.tensor_meta)
+    meta_args, meta_kwargs = swap(lambda d: spec_of(d).tensor_meta)
     n_out = sum(1 for r in op_call._schema.returns if "Tensor" in str(r.type))
     rows = registry._checked_single_dim(rule)(op_call, meta_args, meta_kwargs)
-    rows = [[Shard(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in r] for r in rows]
+    rows = [[Shard(p.dim) if isinstance(p, ShardingPlaceholder) else p for p in r] for r in rows]
     rows.insert(0, [Replicate()] * (n_out + len(dtensors)))
-    s_args, s_kwargs = swap(lambda d: OpStrategy([OpSpec(d._spec)]))
-    strategy = expand_to_full_mesh_op_strategy(
+    s_args, s_kwargs = swap(lambda d: OpStrategy([OpSpec(spec_of(d))]))
+    strategy = expand_to_mesh(
         mesh,
         OpSchema(op_call, tuple(s_args), s_kwargs),
         rows,
@@ -94,7 +103,7 @@ def rule_dispatch(op_call: OpOverload, args: tuple[object, ...], kwargs: dict[st
             f"pass an out= DTensor laid out as the result can be (per mesh dim one of {offered}), "
             "or call the functional op"
         )
-    chosen = _select_min_cost_strategy(strategy)
+    chosen = select_min_cost_strategy(strategy)
     out_spec = chosen.output_spec
     if any(isinstance(p, Shard) for p in out_spec.placements):
         raise RuntimeError(f"{op_call}: rule_dispatch cannot size a sharded output ({out_spec.placements})")
@@ -106,10 +115,10 @@ def rule_dispatch(op_call: OpOverload, args: tuple[object, ...], kwargs: dict[st
     def local(d: DTensor) -> torch.Tensor:
         target = next(targets)
         if any(d is o for o in out_tensors):
-            return d._local_tensor  # written into, never redistributed
+            return local_tensor(d)  # written into, never redistributed
         if tuple(d.placements) != tuple(target.placements):
             d = d.redistribute(mesh, target.placements)
-        return d._local_tensor
+        return local_tensor(d)
 
     local_args, local_kwargs = swap(local)
     if not out_tensors:
@@ -124,12 +133,12 @@ def rule_dispatch(op_call: OpOverload, args: tuple[object, ...], kwargs: dict[st
                 f"{op_call}: the out= DTensor is {out.dtype}{list(out.shape)} but the result is "
                 f"{result.dtype}{list(result.shape)}; a DTensor out= tensor cannot be resized, pass one like the result"
             )
-        out._local_tensor.copy_(result)
+        local_tensor(out).copy_(result)
     spec = DTensorSpec(
         mesh, tuple(out_spec.placements), tensor_meta=TensorMeta(result.shape, result.stride(), result.dtype)
     )
     if out_tensors:
-        out._spec = spec
+        set_spec(out, spec)
         return out
     return DTensor(result, spec, requires_grad=False)
 
@@ -169,8 +178,4 @@ def index_dispatch(op_call: OpOverload, args: tuple[object, ...], kwargs: dict[s
     """
     if len(args) > 1 and isinstance(args[1], (list, tuple)) and any(_is_mask(i) for i in args[1]):
         args = (args[0], masks_to_indices(list(args[1])), *args[2:])
-    dispatcher = DTensor._op_dispatcher
-    op_info = dispatcher.unwrap_to_op_info(op_call, args, kwargs)
-    dispatcher.sharding_propagator.propagate(op_info)
-    local = dispatcher._dispatch_get_local_results_slow_path(op_call, args, op_info)
-    return dispatcher.wrap(local, op_info.output_sharding.output_spec)
+    return dispatch_slow_path(op_call, args, kwargs)

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch._ops import OpOverload
-from torch.distributed.tensor._dtensor_spec import TensorMeta
+from dtensor_rules._upstream import TensorMeta
 from torch.utils._pytree import tree_leaves
 
 from dtensor_rules.ops._common import PlacementOrHole

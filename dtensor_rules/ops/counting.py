@@ -56,7 +56,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from dtensor_rules._upstream import ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
 from dtensor_rules.ops._common import PlacementOrHole, numel
@@ -90,7 +90,7 @@ def histc_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole
         return []
     total = Partial("sum")
     return [
-        row(op, args, kwargs, [total], {"self": _ShardingPlaceholder(d), "out": total})
+        row(op, args, kwargs, [total], {"self": ShardingPlaceholder(d), "out": total})
         for d in range(len(self_meta.shape))
     ]
 

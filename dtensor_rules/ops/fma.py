@@ -25,12 +25,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch._inductor.inductor_prims  # noqa: F401  (defines torch.ops.prims.fma)
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
+from dtensor_rules._upstream import ensure_prims_fma
 from dtensor_rules.costs.formulas.pointwise import fma_bytes, fma_flops
 from dtensor_rules.ops._common import PlacementOrHole, broadcast_shape, metas, shard_through_broadcast
 from dtensor_rules.registry import register
+
+ensure_prims_fma()  # defines torch.ops.prims.fma
 
 fma = torch.ops.prims.fma.default
 

@@ -71,7 +71,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from dtensor_rules._upstream import ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate
 
 from dtensor_rules.ops._common import PlacementOrHole, metas, normalize_dim
@@ -106,7 +106,7 @@ def _equal_size_dims(dim: int, *shapes: Any) -> list[int]:
 def _shard_rows(dim: int, n_tensors: int, *shapes: Any) -> list[Row]:
     rows = []
     for d in _equal_size_dims(dim, *shapes):
-        S = _ShardingPlaceholder(d)
+        S = ShardingPlaceholder(d)
         rows.append([S] * (1 + n_tensors))
     return rows
 
@@ -123,7 +123,7 @@ def gather_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
     dim = normalize_dim(args[1], len(self_m.shape))
     rows = _shard_rows(dim, 2, self_m.shape, index_m.shape)
     if len(index_m.shape) == len(self_m.shape) and len(index_m.shape) > 0:
-        S = _ShardingPlaceholder(dim)
+        S = ShardingPlaceholder(dim)
         rows.append([S, R, S])
     for reduce_op in partial_ops([self_m.dtype]):
         P = Partial(reduce_op)
@@ -145,7 +145,7 @@ def _index_sharded_sum_row(dim: int, self_m: Any, index_m: Any, src_m: Any) -> l
         len(index_m.shape) == len(src_m.shape) == len(self_m.shape) > 0
         and index_m.shape[dim] == src_m.shape[dim]
     ):
-        P, S = Partial("sum"), _ShardingPlaceholder(dim)
+        P, S = Partial("sum"), ShardingPlaceholder(dim)
         return [[P, P, S, S]]
     return []
 
@@ -257,7 +257,7 @@ def scatter_reduce_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
     # index and src sharded on dim: each rank folds its rows of src into its part of self;
     # only when self is folded in (include_self) and the fold is associative across ranks
     if include_self and _index_sharded_sum_row(dim, self_m, index_m, src_m):
-        S = _ShardingPlaceholder(dim)
+        S = ShardingPlaceholder(dim)
         if reduce == "sum" and "sum" in allowed:
             rows.append([Partial("sum"), Partial("sum"), S, S])
         if reduce in ("amax", "amin"):

@@ -48,10 +48,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-from torch.distributed.tensor._op_schema import OpSchema, OpStrategy
-from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
-from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset, compute_local_stride
+from dtensor_rules._upstream import (
+    compute_local_shape_and_global_offset,
+    compute_local_stride,
+    DTensorSpec,
+    expand_to_mesh,
+    OpSchema,
+    OpStrategy,
+    TensorMeta,
+)
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
 from dtensor_rules.registry import register
@@ -87,7 +92,7 @@ def operand_ok(
     shard_pl = [p if isinstance(p, Shard) else Replicate() for p in placements]
     seen: set[tuple[int, ...]] = set()
     for coord in itertools.product(*(range(s) for s in mesh_shape)):
-        local, _ = _compute_local_shape_and_global_offset(meta.shape, tuple(mesh_shape), list(coord), shard_pl)
+        local, _ = compute_local_shape_and_global_offset(meta.shape, tuple(mesh_shape), list(coord), shard_pl)
         local = tuple(local)
         if local in seen:
             continue
@@ -138,12 +143,12 @@ def _current(strategy: Any, ndim: int) -> tuple[Placement, ...]:
 
 def output_meta(a: TensorMeta, b: TensorMeta, offs: TensorMeta | None, out_dtype: torch.dtype | None) -> TensorMeta:
     """The global output meta, from torch's own shape logic for grouped mm."""
-    from torch._meta_registrations import _create_grouped_mm_output_tensor
+    from dtensor_rules._upstream import create_grouped_mm_output_tensor
 
     def fake(m: TensorMeta | None) -> torch.Tensor | None:
         return None if m is None else torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device="meta")
 
-    out = _create_grouped_mm_output_tensor(fake(a), fake(b), fake(offs), out_dtype)
+    out = create_grouped_mm_output_tensor(fake(a), fake(b), fake(offs), out_dtype)
     return TensorMeta(out.shape, out.stride(), out.dtype)
 
 
@@ -185,12 +190,12 @@ def grouped_mm_strategy(op_schema: OpSchema) -> OpStrategy:
         )
 
     out_meta = output_meta(a, b, offs, out_dtype)
-    strategy = expand_to_full_mesh_op_strategy(
+    strategy = expand_to_mesh(
         mesh, op_schema, rows, output_tensor_meta=out_meta, input_index=1, allow_uneven_sharding=True,
-        is_valid_strategy_cb=aligned,
+        strategy_filter=aligned,
     )
     if not strategy.strategies:  # nothing the kernel accepts: all-Replicate, so torch raises its own stride error
-        strategy = expand_to_full_mesh_op_strategy(
+        strategy = expand_to_mesh(
             mesh, op_schema, rows[:1], output_tensor_meta=out_meta, input_index=1, allow_uneven_sharding=True
         )
     return strategy

@@ -21,8 +21,7 @@ detach_                (placements AND order)     alias of the local shard), so 
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor._dtensor_spec import DTensorSpec
-from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy
+from dtensor_rules._upstream import DTensorSpec, OpSchema, OpSpec, OpStrategy
 
 from dtensor_rules.registry import register
 

@@ -74,8 +74,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.distributed.tensor._dtensor_spec import TensorMeta
-from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from dtensor_rules._upstream import ShardingPlaceholder, TensorMeta
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
 from dtensor_rules.ops._common import PlacementOrHole
@@ -135,7 +134,7 @@ class IndexLayout:
             elif shape[k] == _MASK:
                 return None  # a mask's nonzero list cannot be cut into chunks
             else:
-                out.append(_ShardingPlaceholder(k))
+                out.append(ShardingPlaceholder(k))
         return out
 
 
@@ -197,12 +196,12 @@ def index_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole
     def row(out: PlacementOrHole, self_p: PlacementOrHole, idx: list[PlacementOrHole]) -> list[PlacementOrHole]:
         return [out, self_p, *idx] + ([out] if has_out else [])
 
-    strategies = [row(_ShardingPlaceholder(lay.result_pos(d)), _ShardingPlaceholder(d), [R] * n_idx) for d in lay.non_indexed]
+    strategies = [row(ShardingPlaceholder(lay.result_pos(d)), ShardingPlaceholder(d), [R] * n_idx) for d in lay.non_indexed]
     for b in range(lay.index_ndim):
         idx_p = lay.index_placements(b)
         if idx_p is None or all(isinstance(p, Replicate) for p in idx_p):
             continue
-        strategies.append(row(_ShardingPlaceholder(lay.insert + b), R, idx_p))
+        strategies.append(row(ShardingPlaceholder(lay.insert + b), R, idx_p))
     for reduce_op in _partial_ops(self_meta.dtype):
         strategies.append(row(Partial(reduce_op), Partial(reduce_op), [R] * n_idx))
     return strategies
@@ -213,11 +212,11 @@ def _values_placement(lay: IndexLayout, values: TensorMeta, result_dim: int) -> 
     k = result_dim - (lay.result_ndim - len(values.shape))
     if k < 0 or values.shape[k] == 1:
         return Replicate()
-    return _ShardingPlaceholder(k)
+    return ShardingPlaceholder(k)
 
 
 def _same(p: PlacementOrHole, q: PlacementOrHole) -> bool:
-    if isinstance(p, _ShardingPlaceholder) or isinstance(q, _ShardingPlaceholder):
+    if isinstance(p, ShardingPlaceholder) or isinstance(q, ShardingPlaceholder):
         return type(p) is type(q) and p.dim == q.dim  # type: ignore[union-attr]
     return p == q
 
@@ -236,8 +235,8 @@ def _mask_strategies(lay: IndexLayout, values: TensorMeta, row: Any) -> list[lis
             continue
         for k in range(rank):
             idx_p: list[PlacementOrHole] = [Replicate()] * len(lay.index_shapes)
-            idx_p[slot] = _ShardingPlaceholder(k)
-            out.append(row(_ShardingPlaceholder(first + k), _ShardingPlaceholder(first + k), idx_p, Replicate()))
+            idx_p[slot] = ShardingPlaceholder(k)
+            out.append(row(ShardingPlaceholder(first + k), ShardingPlaceholder(first + k), idx_p, Replicate()))
     return out
 
 
@@ -259,7 +258,7 @@ def index_put_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOr
         return [out, self_p, *idx, v] + ([out] if has_out else [])
 
     strategies = [
-        row(_ShardingPlaceholder(d), _ShardingPlaceholder(d), [R] * n_idx, _values_placement(lay, values, lay.result_pos(d)))
+        row(ShardingPlaceholder(d), ShardingPlaceholder(d), [R] * n_idx, _values_placement(lay, values, lay.result_pos(d)))
         for d in lay.non_indexed
     ]
     strategies += _mask_strategies(lay, values, row)

@@ -39,7 +39,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from dtensor_rules._upstream import ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial
 
 from dtensor_rules.ops._common import PlacementOrHole, normalize_dim
@@ -89,6 +89,6 @@ def cumsum_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHol
     def r(p: PlacementOrHole) -> list[PlacementOrHole]:
         return row(op, args, kwargs, [p], {"self": p, "out": p})
 
-    rows = [r(_ShardingPlaceholder(d)) for d in range(ndim) if d != dim]
+    rows = [r(ShardingPlaceholder(d)) for d in range(ndim) if d != dim]
     rows += [r(Partial(reduce_op)) for reduce_op in linear_partials(self_meta.dtype, result)]
     return rows

@@ -75,7 +75,7 @@ import itertools
 from typing import Any
 
 import torch
-from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from dtensor_rules._upstream import ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate
 
 from dtensor_rules.ops._common import PlacementOrHole, metas, normalize_dim, numel
@@ -131,7 +131,7 @@ def cat_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
             non_empty = [i for i in real if tensors[i].shape[cat_dim] != 0]
             if len(non_empty) > 1:
                 continue
-        S = _ShardingPlaceholder(d)
+        S = ShardingPlaceholder(d)
         strategies.append(row(S, {i: S for i in real}))
     out_dtype = tensors[0].dtype
     for t in tensors[1:]:
@@ -173,7 +173,7 @@ def _free_empty_inputs(rows: list[Row], tensors: list[Any], cat_dim: int, real: 
             for r in out
             for c in choices
             if c != r[1 + i]
-            and (legacy or not any(isinstance(p, _ShardingPlaceholder) and p.dim != cat_dim for p in r))
+            and (legacy or not any(isinstance(p, ShardingPlaceholder) and p.dim != cat_dim for p in r))
         ] + out
     seen = {tuple(map(str, r)) for r in rows}
     return [r for r in out if tuple(map(str, r)) not in seen]
@@ -218,7 +218,7 @@ def slice_scatter_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
     strategies: list[Row] = []
     for d in range(ndim):
         if d != dim or full:
-            S = _ShardingPlaceholder(d)
+            S = ShardingPlaceholder(d)
             strategies.append(row(S, S, S))
     R: Placement = Replicate()
     ops = partial_ops([self_m.dtype, src_m.dtype])
@@ -256,6 +256,6 @@ def slice_scatter_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
         # the local slice of an empty global slice is empty too (start >= end survives clamping to
         # a shorter shard), so self may be split on the slice dim; src has no elements to place.
         # Not with a negative start and non-negative end: [-2:3] is empty on 6 rows, not on 3.
-        S = _ShardingPlaceholder(dim)
+        S = ShardingPlaceholder(dim)
         strategies += [row(S, S, ignored) for ignored in src_kept]
     return strategies

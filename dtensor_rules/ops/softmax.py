@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from dtensor_rules._upstream import ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
 from dtensor_rules.costs.formulas.pointwise import softmax_backward_bytes, softmax_backward_flops
@@ -43,7 +43,7 @@ def softmax_backward_strategy(op: Any, args: Any, kwargs: Any) -> list[list[Plac
     def row(out: PlacementOrHole, g_p: PlacementOrHole, y_p: PlacementOrHole) -> list[PlacementOrHole]:
         return [out, g_p, y_p] + ([out] if has_out else [])
 
-    strategies = [row(*(3 * [_ShardingPlaceholder(d)])) for d in range(ndim) if d != dim]
+    strategies = [row(*(3 * [ShardingPlaceholder(d)])) for d in range(ndim) if d != dim]
     for reduce_op in ("sum", "avg"):
         P = Partial(reduce_op)
         strategies.append(row(P, P, Replicate()))

@@ -41,7 +41,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from dtensor_rules._upstream import ShardingPlaceholder
 
 from dtensor_rules.ops._common import PlacementOrHole, normalize_dim
 from dtensor_rules.ops._schema_args import row, schema_arg
@@ -68,7 +68,7 @@ def shard_other_dims(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHo
     for d in range(ndim):
         if d == dim:
             continue
-        s = _ShardingPlaceholder(d)
+        s = ShardingPlaceholder(d)
         rows.append(row(op, args, kwargs, [s] * n_out, {"self": s, **{n: s for n in _OUT_NAMES}}))
     return rows
 

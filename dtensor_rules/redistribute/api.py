@@ -11,11 +11,19 @@ import math
 from collections.abc import Sequence
 
 import torch
-from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode, rank_map
+from dtensor_rules._upstream import (
+    DTensorSpec,
+    enabled_local_tensor_mode,
+    local_tensor,
+    LocalTensor,
+    rank_map,
+    spec_of,
+    StridedShard,
+    TensorMeta,
+)
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard, _StridedShard
+from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
 from dtensor_rules.redistribute.executor import execute
 from dtensor_rules.redistribute.layout import DeviceOrder, Layout
@@ -71,9 +79,9 @@ def plan(mesh: DeviceMesh | Sequence[int], shape: Sequence[int], dtype: torch.dt
 
 def layout_of(spec: DTensorSpec) -> Layout:
     """The (placements, order) layout a DTensorSpec describes."""
-    if any(isinstance(p, _StridedShard) for p in spec.placements):
+    if any(isinstance(p, StridedShard) for p in spec.placements):
         raise ValueError(
-            "_StridedShard placements are not supported here (their uneven-shard semantics differ from "
+            "StridedShard placements are not supported here (their uneven-shard semantics differ from "
             "nested chunking); describe the order with device_order instead"
         )
     ndim = len(spec.shape)
@@ -87,10 +95,10 @@ def _spec_for(mesh: DeviceMesh, layout: Layout, meta: TensorMeta) -> DTensorSpec
 
 
 def _run(x: DTensor, dst: Layout, topology: Topology | None, max_peak_bytes: int | None) -> DTensor:
-    spec = x._spec
+    spec = spec_of(x)
     src = layout_of(spec)
     p = _plan_layouts(tuple(spec.mesh.shape), tuple(spec.shape), spec.tensor_meta.dtype, src, dst, topology, max_peak_bytes)
-    local = execute(x._local_tensor, spec.mesh, p)
+    local = execute(local_tensor(x), spec.mesh, p)
     dst = Layout(dst.orders, dst.partial, dst.mesh_ndim, p.reduce_op)
     return DTensor(local, _spec_for(spec.mesh, dst, spec.tensor_meta), requires_grad=False)
 
@@ -100,11 +108,11 @@ class _PlannedRedistribute(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: DTensor, dst: Layout, topology: Topology | None, max_peak_bytes: int | None) -> DTensor:  # type: ignore[override]
-        src = layout_of(x._spec)
+        src = layout_of(spec_of(x))
         ctx.grad_layout = Layout(src.orders, 0, src.mesh_ndim)  # gradient of a Partial input is replicated
         ctx.topology = topology
         out = _run(x, dst, topology, max_peak_bytes)
-        return DTensor(out._local_tensor, out._spec, requires_grad=x.requires_grad)
+        return DTensor(local_tensor(out), spec_of(out), requires_grad=x.requires_grad)
 
     @staticmethod
     def backward(ctx, grad: DTensor):  # type: ignore[override]
@@ -142,7 +150,7 @@ def distribute_tensor(tensor: torch.Tensor, mesh: DeviceMesh, placements: Sequen
         local = rank_map(lambda r: tensor.detach().clone())  # simulated mesh: one copy per rank
     full = DTensor(local, _spec_for(mesh, rep, meta), requires_grad=False)
     out = _run(full, dst, None, None)
-    return DTensor(out._local_tensor, out._spec, requires_grad=tensor.requires_grad)
+    return DTensor(local_tensor(out), spec_of(out), requires_grad=tensor.requires_grad)
 
 
 def local_shard_offsets(layout: Layout, mesh_shape: Sequence[int], shape: Sequence[int],

@@ -22,6 +22,16 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.placement_types import Partial, Shard
 
+from dtensor_rules._upstream import (
+    mesh_coordinate,
+    partial_partition,
+    partial_reduce,
+    partial_reduce_scatter,
+    shard_all_gather,
+    shard_all_to_all,
+    shard_from_replicate,
+)
+
 from dtensor_rules.redistribute import flat
 from dtensor_rules.redistribute.layout import State
 from dtensor_rules.redistribute.planner import Plan
@@ -93,7 +103,7 @@ def _logical_shape(mesh: DeviceMesh, shape: tuple[int, ...], state: State, skip:
         for m in ms:
             if m == skip:
                 continue
-            out[d], _ = Shard.local_shard_size_and_offset(out[d], mesh.size(m), mesh._sym_get_coordinate(m))
+            out[d], _ = Shard.local_shard_size_and_offset(out[d], mesh.size(m), mesh_coordinate(mesh, m))
     return out
 
 
@@ -103,17 +113,17 @@ def _run_prims(local: torch.Tensor, mesh: DeviceMesh, plan: Plan, prims: list[tu
         if mesh.size(m) == 1:
             continue
         if op == "gather":
-            local = Shard(sd)._to_replicate_tensor(local, mesh, m, _logical_shape(mesh, plan.shape, state, m))
+            local = shard_all_gather(local, mesh, m, sd, _logical_shape(mesh, plan.shape, state, m))
         elif op == "a2a":
-            local = Shard(sd)._to_new_shard_dim(local, mesh, m, _logical_shape(mesh, plan.shape, state, m), dd)
+            local = shard_all_to_all(local, mesh, m, sd, dd, _logical_shape(mesh, plan.shape, state, m))
         elif op == "chunk":
-            local = Shard(dd)._replicate_to_shard(local, mesh, m, mesh._sym_get_coordinate(m))
+            local = shard_from_replicate(local, mesh, m, dd, mesh_coordinate(mesh, m))
         elif op == "rs":
-            local = partial._reduce_shard_value(local, mesh, m, Shard(dd))
+            local = partial_reduce_scatter(partial, local, mesh, m, dd)
         elif op == "reduce":
-            local = partial._reduce_value(local, mesh, m)
+            local = partial_reduce(partial, local, mesh, m)
         elif op == "partition":
-            local = partial._partition_value(local, mesh, m)
+            local = partial_partition(partial, local, mesh, m)
         if hasattr(local, "wait"):
             local = local.wait()
     return local

@@ -30,8 +30,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
-from torch.distributed._local_tensor import maybe_run_for_local_tensor
+from dtensor_rules._upstream import funcol, maybe_run_for_local_tensor, mesh_coordinate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.placement_types import Shard
 
@@ -68,7 +67,7 @@ def flat_group(mesh: DeviceMesh, dims: Sequence[int]) -> dist.ProcessGroup:
 
 
 def _coords(mesh: DeviceMesh) -> list:
-    return [mesh._sym_get_coordinate(m) for m in range(mesh.ndim)]
+    return [mesh_coordinate(mesh, m) for m in range(mesh.ndim)]
 
 
 def _pieces(length: int, sizes: Sequence[int]) -> list[tuple[int, int]]:

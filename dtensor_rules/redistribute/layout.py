@@ -137,7 +137,7 @@ class Layout:
 
     def shard_order(self):
         """Upstream ``ShardOrder`` (tuple of ShardOrderEntry) for DTensorSpec."""
-        from torch.distributed.tensor._dtensor_spec import ShardOrderEntry
+        from dtensor_rules._upstream import ShardOrderEntry
 
         return tuple(ShardOrderEntry(tensor_dim=d, mesh_dims=ms) for d, ms in enumerate(self.orders) if ms)
 

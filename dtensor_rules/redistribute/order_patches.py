@@ -21,7 +21,9 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+from dtensor_rules._upstream import DTensorSpec, spec_of, TensorMeta
+from dtensor_rules._upstream.checkpoint import CHUNK, WRITE_ITEMS, ChunkStorageMetadata, MetadataIndex, planner_helpers
 
 from dtensor_rules.registry import register_patch
 
@@ -56,42 +58,36 @@ def _shallow_copy_with_tensor_meta(self: DTensorSpec, tensor_meta: TensorMeta | 
 
 def _write_items(fqn, tensor):
     item = _orig["write"](fqn, tensor)
-    if not has_custom_order(tensor._spec):
+    if not has_custom_order(spec_of(tensor)):
         return item
-    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
-
-    sizes, offs = checkpoint_shape_and_offset(tensor._spec)
+    sizes, offs = checkpoint_shape_and_offset(spec_of(tensor))
     return dataclasses.replace(
         item, index=MetadataIndex(fqn, offs),
         tensor_data=dataclasses.replace(item.tensor_data, chunk=ChunkStorageMetadata(offsets=offs, sizes=sizes)))
 
 
 def _chunk(tensor):
-    if not has_custom_order(tensor._spec):
+    if not has_custom_order(spec_of(tensor)):
         return _orig["chunk"](tensor)
-    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
-
-    sizes, offs = checkpoint_shape_and_offset(tensor._spec)
+    sizes, offs = checkpoint_shape_and_offset(spec_of(tensor))
     return ChunkStorageMetadata(offsets=offs, sizes=sizes)
 
 
 def _apply() -> None:
-    import torch.distributed.checkpoint.planner_helpers as ph
-
+    ph = planner_helpers()
     _orig["shallow"] = DTensorSpec.__dict__["shallow_copy_with_tensor_meta"]
-    _orig["write"] = ph._create_write_items_for_dtensor
-    _orig["chunk"] = ph._create_chunk_from_dtensor
+    _orig["write"] = getattr(ph, WRITE_ITEMS)
+    _orig["chunk"] = getattr(ph, CHUNK)
     DTensorSpec.shallow_copy_with_tensor_meta = _shallow_copy_with_tensor_meta
-    ph._create_write_items_for_dtensor = _write_items
-    ph._create_chunk_from_dtensor = _chunk
+    setattr(ph, WRITE_ITEMS, _write_items)
+    setattr(ph, CHUNK, _chunk)
 
 
 def _restore() -> None:
-    import torch.distributed.checkpoint.planner_helpers as ph
-
+    ph = planner_helpers()
     DTensorSpec.shallow_copy_with_tensor_meta = _orig.pop("shallow")
-    ph._create_write_items_for_dtensor = _orig.pop("write")
-    ph._create_chunk_from_dtensor = _orig.pop("chunk")
+    setattr(ph, WRITE_ITEMS, _orig.pop("write"))
+    setattr(ph, CHUNK, _orig.pop("chunk"))
 
 
 register_patch("shard_order", _apply, _restore)

@@ -80,9 +80,9 @@ class Topology:
         ``devices_per_host=None`` asks torch, as MeshTopoInfo does (``device_count()``: 1 on CPU).
         """
         if devices_per_host is None:
-            from torch.distributed.device_mesh import _mesh_resources
+            from dtensor_rules._upstream import num_devices_per_host
 
-            devices_per_host = _mesh_resources.num_devices_per_host(device_type)
+            devices_per_host = num_devices_per_host(device_type)
         bw, lat, total = [87.7] * len(mesh_shape), [0.6] * len(mesh_shape), 1
         for m in reversed(range(len(mesh_shape))):
             total *= mesh_shape[m]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.distributed._local_tensor import LocalTensor
+from dtensor_rules._upstream import LocalTensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Placement

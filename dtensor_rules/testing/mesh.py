@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed._local_tensor import LocalTensorMode
+from dtensor_rules._upstream import LocalTensorMode
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 MAX_WORLD = 8

@@ -15,10 +15,20 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, RuntimeSchemaInfo, TupleStrategy
-from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder, _SingleDimStrategyInfo
-from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy, is_tensor_shardable
+from dtensor_rules._upstream import (
+    DTensorSpec,
+    expand_to_mesh,
+    is_tensor_shardable,
+    OpSchema,
+    OpSpec,
+    OpStrategy,
+    propagator,
+    RuntimeSchemaInfo,
+    ShardingPlaceholder,
+    SingleDimStrategyInfo,
+    TensorMeta,
+    TupleStrategy,
+)
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 from torch.utils import _pytree as pytree
 
@@ -102,7 +112,7 @@ def _no_mixed_partial(pl: Sequence[Placement]) -> bool:
 
 
 def _out_meta(op: OpOverload, sample: Sample) -> Any:
-    from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
+    from dtensor_rules._upstream import DynamicOutputShapeException, FakeTensorMode
 
     try:
         with FakeTensorMode(allow_non_fake_inputs=True):
@@ -123,9 +133,7 @@ def active_strategy(op: OpOverload) -> tuple[str, Any] | None:
     Read from the propagator in dispatch's order (single-dim before op-strategy before
     output-sharding rules), so it is ours while installed and upstream's otherwise.
     """
-    from torch.distributed.tensor import DTensor
-
-    prop = DTensor._op_dispatcher.sharding_propagator
+    prop = propagator()
     for kind, registry_name in (
         ("single_dim", "op_single_dim_strategy_funcs"),
         ("op_strategy", "op_strategy_funcs"),
@@ -150,10 +158,10 @@ def emitted_combos(kind: str, fn: Any, op: OpOverload, sample: Sample, mesh: Dev
     n_out = _num_outputs(op)
     alias = aliasing(op, sample)
     if kind == "single_dim":
-        info = fn if isinstance(fn, _SingleDimStrategyInfo) else _SingleDimStrategyInfo(func=fn)
+        info = fn if isinstance(fn, SingleDimStrategyInfo) else SingleDimStrategyInfo(func=fn)
         args_meta, kwargs_meta = _schema_with(sample, [tensor_meta(t) for t in tensors])
         per_dim = info.func(op, args_meta, kwargs_meta)
-        filled = [[Shard(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in s] for s in per_dim]
+        filled = [[Shard(p.dim) if isinstance(p, ShardingPlaceholder) else p for p in s] for s in per_dim]
         width = n_out + len(tensors)
         replicate = [Replicate()] * width
         if not any(all(isinstance(p, Replicate) or p is None for p in s) for s in filled):
@@ -163,7 +171,7 @@ def emitted_combos(kind: str, fn: Any, op: OpOverload, sample: Sample, mesh: Dev
         for fixed in _aliased_candidates(alias, filled, n_out, mesh.ndim):
             schema = _strategy_schema(op, sample, _input_strategies(mesh, tensors, all_candidates=False, fixed=fixed))
             try:
-                strategy = expand_to_full_mesh_op_strategy(
+                strategy = expand_to_mesh(
                     mesh,
                     schema,
                     filled,
@@ -191,7 +199,7 @@ def emitted_combos(kind: str, fn: Any, op: OpOverload, sample: Sample, mesh: Dev
                     if ins[i] != fixed[i]:
                         raise ValueError(
                             f"{op}: a strategy redistributes in-place input {i} from {fixed[i]} to {ins[i]}; "
-                            "the result would be written into a copy (use expand_to_full_mesh_op_strategy "
+                            "the result would be written into a copy (use expand_to_mesh "
                             "with inplace_op=True)"
                         )
                 combos.add((ins, outs))

@@ -1,7 +1,7 @@
 """Pure-torch simulation of sharded execution: no process group, no DTensor dispatch.
 
 Each rank's local inputs are cut from the full tensors exactly as DTensor would
-(``_compute_local_shape_and_global_offset``: chunk semantics, uneven and empty
+(``compute_local_shape_and_global_offset``: chunk semantics, uneven and empty
 shards included); Partial inputs are split into per-rank contributions that
 reduce back to the full value but are individually far from it (asymmetric,
 sign-varying splits; alternating owners for max/min), so an op that is not
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+from dtensor_rules._upstream import compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 from torch.utils import _pytree as pytree
 
@@ -110,7 +110,7 @@ def _slice(t: torch.Tensor, placements: NDPlacement, mesh_shape: Sequence[int], 
     shard_placements = [p if isinstance(p, Shard) else Replicate() for p in placements]
     if not any(isinstance(p, Shard) for p in shard_placements):
         return t
-    shape, offset = _compute_local_shape_and_global_offset(t.shape, tuple(mesh_shape), list(coord), shard_placements)
+    shape, offset = compute_local_shape_and_global_offset(t.shape, tuple(mesh_shape), list(coord), shard_placements)
     out = t
     for d, (size, off) in enumerate(zip(shape, offset)):
         if size != t.shape[d]:

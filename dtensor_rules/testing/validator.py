@@ -370,9 +370,9 @@ def _stack(parts: Sequence[Combo]) -> Combo:
 
 def _ours_info(rule: registry.Rule) -> Any:
     if rule.kind == "single_dim":
-        from torch.distributed.tensor._ops.single_dim_strategy import _SingleDimStrategyInfo
+        from dtensor_rules._upstream import SingleDimStrategyInfo
 
-        return _SingleDimStrategyInfo(
+        return SingleDimStrategyInfo(
             func=registry._checked_single_dim(rule), allow_uneven_sharding=rule.allow_uneven_sharding
         )
     return registry._checked_op_strategy(rule)

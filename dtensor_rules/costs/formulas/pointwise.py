@@ -12,12 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch._inductor.inductor_prims  # noqa: F401  (defines torch.ops.prims.fma)
 from torch._ops import OpOverload
 
+from dtensor_rules._upstream import ensure_prims_fma
 from dtensor_rules.costs._util import broadcast_shape, nbytes, numel
 from dtensor_rules.costs.formulas._table import formula
 from dtensor_rules.costs.op_cost import OpCost, table_backed
+
+ensure_prims_fma()  # defines torch.ops.prims.fma
 
 aten = torch.ops.aten
 FMA = torch.ops.prims.fma.default

@@ -1,0 +1,60 @@
+"""Single-mesh-dim placement transitions, as DTensor's own placement methods do them.
+
+They pad and unpad uneven shards for one mesh dim given the per-rank logical shape, and work
+under LocalTensorMode; :mod:`dtensor_rules.redistribute.executor` lowers every planned step to
+one of these instead of re-writing collectives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed._functional_collectives as funcol
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor._collective_utils import one_step_redistribute_cost
+from torch.distributed.tensor.placement_types import Partial, Shard
+
+__all__ = [
+    "funcol",
+    "one_step_redistribute_cost",
+    "partial_partition",
+    "partial_reduce",
+    "partial_reduce_scatter",
+    "shard_all_gather",
+    "shard_all_to_all",
+    "shard_from_replicate",
+]
+
+
+def shard_all_gather(local: torch.Tensor, mesh: DeviceMesh, mesh_dim: int, dim: int, logical: Sequence[int]) -> Any:
+    """Shard(dim) -> Replicate on ``mesh_dim``."""
+    return Shard(dim)._to_replicate_tensor(local, mesh, mesh_dim, list(logical))
+
+
+def shard_all_to_all(
+    local: torch.Tensor, mesh: DeviceMesh, mesh_dim: int, src: int, dst: int, logical: Sequence[int]
+) -> Any:
+    """Shard(src) -> Shard(dst) on ``mesh_dim``."""
+    return Shard(src)._to_new_shard_dim(local, mesh, mesh_dim, list(logical), dst)
+
+
+def shard_from_replicate(local: torch.Tensor, mesh: DeviceMesh, mesh_dim: int, dim: int, coordinate: Any) -> Any:
+    """Replicate -> Shard(dim) on ``mesh_dim`` (a local chunk, no communication)."""
+    return Shard(dim)._replicate_to_shard(local, mesh, mesh_dim, coordinate)
+
+
+def partial_reduce(partial: Partial, local: torch.Tensor, mesh: DeviceMesh, mesh_dim: int) -> Any:
+    """Partial -> Replicate (all_reduce)."""
+    return partial._reduce_value(local, mesh, mesh_dim)
+
+
+def partial_reduce_scatter(partial: Partial, local: torch.Tensor, mesh: DeviceMesh, mesh_dim: int, dim: int) -> Any:
+    """Partial -> Shard(dim) (reduce_scatter)."""
+    return partial._reduce_shard_value(local, mesh, mesh_dim, Shard(dim))
+
+
+def partial_partition(partial: Partial, local: torch.Tensor, mesh: DeviceMesh, mesh_dim: int) -> Any:
+    """Replicate -> Partial (sum: v/n on every rank; max/min: the value everywhere)."""
+    return partial._partition_value(local, mesh, mesh_dim)

@@ -1,0 +1,83 @@
+"""Every upstream symbol, signature and attribute the adapter relies on, as data.
+
+``tests/test_upstream_contract.py`` checks each entry on the installed torch, one test per
+entry, so an upstream rename fails one readable test naming the symbol and what changed.
+``params`` lists keyword parameters a callable must accept; ``any_of`` means one of them
+(a renamed keyword whose name the adapter reads at import).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Requirement(NamedTuple):
+    """``module.name`` must exist (and accept ``params`` / one of ``any_of`` if callable)."""
+
+    module: str
+    name: str
+    params: tuple[str, ...] = ()
+    any_of: tuple[str, ...] = ()
+    attrs: tuple[str, ...] = ()  # attributes an instance or class must have
+    why: str = ""
+
+
+_T = "torch.distributed.tensor"
+REQUIREMENTS: tuple[Requirement, ...] = (
+    Requirement(f"{_T}._dtensor_spec", "DTensorSpec", attrs=("mesh", "placements", "tensor_meta", "shard_order",
+                "shallow_copy_with_tensor_meta"), why="specs of every strategy"),
+    Requirement(f"{_T}._dtensor_spec", "TensorMeta", attrs=("shape", "stride", "dtype")),
+    Requirement(f"{_T}._dtensor_spec", "ShardOrderEntry", why="device order of a layout"),
+    Requirement(f"{_T}._op_schema", "OpSchema", attrs=("op", "args_schema", "kwargs_schema", "args_strategy",
+                "kwargs_strategy")),
+    Requirement(f"{_T}._op_schema", "OpSpec", attrs=("output_spec", "input_specs", "redistribute_cost")),
+    Requirement(f"{_T}._op_schema", "OpStrategy", attrs=("strategies",)),
+    Requirement(f"{_T}._op_schema", "TupleStrategy", attrs=("children",)),
+    Requirement(f"{_T}._op_schema", "RuntimeSchemaInfo", params=("static_argnum", "static_kwargkey", "needs_pytree")),
+    Requirement(f"{_T}._ops.single_dim_strategy", "_ShardingPlaceholder", params=("dim",)),
+    Requirement(f"{_T}._ops.single_dim_strategy", "_SingleDimStrategyInfo", params=("func", "allow_uneven_sharding")),
+    Requirement(f"{_T}._ops.single_dim_strategy", "_get_num_tensor_inputs"),
+    Requirement(f"{_T}._ops.single_dim_strategy", "_expand_single_dim_strategy_to_mesh",
+                params=("mesh", "op_schema", "strategy_info", "output_tensor_meta")),
+    Requirement(f"{_T}._ops.utils", "expand_to_full_mesh_op_strategy",
+                params=("mesh", "op_schema", "input_index", "inplace_op", "allow_uneven_sharding"),
+                any_of=("full_mesh_strategy_filter", "is_valid_strategy_cb"), why="expand_to_mesh"),
+    Requirement(f"{_T}._ops.utils", "is_tensor_shardable"),
+    Requirement(f"{_T}._sharding_prop", "_select_min_cost_strategy"),
+    Requirement(f"{_T}._sharding_prop", "ShardingPropagator", attrs=("op_strategy_funcs", "op_single_dim_strategy_funcs",
+                "op_to_rules", "op_to_schema_info", "op_to_schema_info_for_single_dim_strategy", "propagate",
+                "_propagate_tensor_meta_non_cached", "_propagate_tensor_meta_cached"), why="registry install/uninstall"),
+    Requirement(f"{_T}._dispatch", "OpDispatcher", attrs=("sharding_propagator", "_custom_op_handlers",
+                "unwrap_to_op_info", "_dispatch_get_local_results_slow_path", "wrap")),
+    Requirement(f"{_T}", "DTensor", attrs=("_op_dispatcher", "_spec", "_local_tensor")),
+    Requirement(f"{_T}.debug", "_clear_sharding_prop_cache"),
+    Requirement(f"{_T}._utils", "_compute_local_shape_and_global_offset"),
+    Requirement(f"{_T}._utils", "compute_local_stride"),
+    Requirement(f"{_T}._decompositions", "DecompShardingStrategy"),
+    Requirement(f"{_T}._collective_utils", "one_step_redistribute_cost"),
+    Requirement(f"{_T}.placement_types", "_StridedShard"),
+    Requirement(f"{_T}.placement_types", "Shard", attrs=("_to_replicate_tensor", "_to_new_shard_dim",
+                "_replicate_to_shard", "local_shard_size_and_offset"), why="executor steps"),
+    Requirement(f"{_T}.placement_types", "Partial", attrs=("_reduce_value", "_reduce_shard_value",
+                "_partition_value"), why="executor steps"),
+    Requirement("torch.distributed.device_mesh", "DeviceMesh", attrs=("_sym_get_coordinate",)),
+    Requirement("torch.distributed.device_mesh", "_mesh_resources", attrs=("num_devices_per_host",)),
+    Requirement("torch.distributed._local_tensor", "LocalTensor"),
+    Requirement("torch.distributed._local_tensor", "LocalTensorMode"),
+    Requirement("torch.distributed._local_tensor", "enabled_local_tensor_mode"),
+    Requirement("torch.distributed._local_tensor", "rank_map"),
+    Requirement("torch.distributed._local_tensor", "maybe_run_for_local_tensor"),
+    Requirement("torch.distributed._functional_collectives", "all_gather_single"),
+    Requirement("torch.distributed._functional_collectives", "all_to_all_single"),
+    Requirement("torch.distributed._functional_collectives", "reduce_scatter_single"),
+    Requirement("torch.distributed._functional_collectives", "all_reduce"),
+    Requirement("torch.distributed.checkpoint.planner_helpers", "_create_write_items_for_dtensor", why="shard-order DCP fix"),
+    Requirement("torch.distributed.checkpoint.planner_helpers", "_create_chunk_from_dtensor", why="shard-order DCP fix"),
+    Requirement("torch.distributed.checkpoint.metadata", "ChunkStorageMetadata", params=("offsets", "sizes")),
+    Requirement("torch.distributed.checkpoint.metadata", "MetadataIndex"),
+    Requirement("torch._meta_registrations", "_create_grouped_mm_output_tensor"),
+    Requirement("torch._subclasses.fake_tensor", "FakeTensorMode"),
+    Requirement("torch._subclasses.fake_tensor", "FakeTensor"),
+    Requirement("torch._subclasses.fake_tensor", "DynamicOutputShapeException"),
+    Requirement("torch._inductor.inductor_prims", "fma", why="defines torch.ops.prims.fma"),
+)

@@ -1,0 +1,62 @@
+"""DTensor's sharding-rule registries: where rules live, and how to forget cached decisions.
+
+The propagator keeps one dict per kind of rule (``STRATEGY_REGISTRIES``) and one per kind of
+cache-key info (``SCHEMA_REGISTRIES``); the op dispatcher keeps custom per-op handlers
+(``HANDLERS``). :mod:`dtensor_rules.registry` saves and restores entries of exactly these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+STRATEGY_REGISTRIES = ("op_strategy_funcs", "op_single_dim_strategy_funcs", "op_to_rules")
+SCHEMA_REGISTRIES = ("op_to_schema_info", "op_to_schema_info_for_single_dim_strategy")
+HANDLERS = "_custom_op_handlers"  # lives on DTensor._op_dispatcher, not on the propagator
+# the propagator's uncached output-metadata step (fake-tensor propagation), wrapped per instance
+META_STEP_ATTR = "_propagate_tensor_meta_non_cached"
+
+
+def dispatcher() -> Any:
+    """DTensor's op dispatcher (one per process)."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor._op_dispatcher
+
+
+def propagator() -> Any:
+    """DTensor's ``ShardingPropagator`` (one per process)."""
+    return dispatcher().sharding_propagator
+
+
+def custom_op_handlers() -> dict[Any, Any]:
+    """op -> handler(op, args, kwargs) for ops that bypass normal sharding propagation."""
+    return dispatcher()._custom_op_handlers
+
+
+def registry(name: str) -> dict[Any, Any]:
+    """One of the dicts rules live in: a propagator registry or the custom handlers."""
+    if name == HANDLERS:
+        return custom_op_handlers()
+    return getattr(propagator(), name)
+
+
+def clear_sharding_caches() -> None:
+    """Drop every cached sharding decision (C++ fast path, Python cache, tensor-meta cache)."""
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
+    propagator()._propagate_tensor_meta_cached.cache_clear()
+
+
+def propagate(op_info: Any) -> None:
+    """Run the propagator on an ``OpInfo`` (fills ``op_info.output_sharding``)."""
+    propagator().propagate(op_info)
+
+
+def dispatch_slow_path(op_call: Any, args: Any, kwargs: Any) -> Any:
+    """Upstream's Python dispatch path for one call: propagate, redistribute, run, wrap."""
+    d = dispatcher()
+    op_info = d.unwrap_to_op_info(op_call, args, kwargs)
+    d.sharding_propagator.propagate(op_info)
+    local = d._dispatch_get_local_results_slow_path(op_call, args, op_info)
+    return d.wrap(local, op_info.output_sharding.output_spec)

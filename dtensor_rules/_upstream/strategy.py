@@ -1,0 +1,66 @@
+"""Strategy expansion and selection: upstream's helpers behind version-stable signatures."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor._ops import single_dim_strategy as _single_dim
+from torch.distributed.tensor._ops import utils as _ops_utils
+from torch.distributed.tensor._sharding_prop import _select_min_cost_strategy
+
+from dtensor_rules._upstream.types import DTensorSpec, OpSchema, OpSpec, OpStrategy
+
+is_tensor_shardable = _ops_utils.is_tensor_shardable
+
+StrategyFilter = Callable[[list[DTensorSpec], Any], bool]
+
+# torch 2.13 calls the per-strategy filter ``is_valid_strategy_cb``; 2.14 renamed it
+# ``full_mesh_strategy_filter``. Read the name off the signature instead of the version.
+_EXPAND_PARAMS = inspect.signature(_ops_utils.expand_to_full_mesh_op_strategy).parameters
+FILTER_KWARG = next(k for k in ("full_mesh_strategy_filter", "is_valid_strategy_cb") if k in _EXPAND_PARAMS)
+
+
+def expand_to_mesh(
+    mesh: DeviceMesh,
+    op_schema: OpSchema,
+    rows: Sequence[Sequence[Any]],
+    *,
+    strategy_filter: StrategyFilter | None = None,
+    **kwargs: Any,
+) -> OpStrategy:
+    """Upstream's ``expand_to_full_mesh_op_strategy``: single-dim rows -> full-mesh strategies.
+
+    ``strategy_filter(input_specs, output_spec) -> bool`` drops full-mesh strategies (called
+    ``is_valid_strategy_cb`` / ``full_mesh_strategy_filter`` upstream, by version).
+    Other keywords (``input_index``, ``inplace_op``, ``allow_uneven_sharding``,
+    ``output_tensor_meta``, ...) pass through unchanged.
+    """
+    if strategy_filter is not None:
+        kwargs[FILTER_KWARG] = strategy_filter
+    return _ops_utils.expand_to_full_mesh_op_strategy(mesh, op_schema, list(rows), **kwargs)
+
+
+def select_min_cost_strategy(strategy: OpStrategy, op_schema: OpSchema | None = None) -> OpSpec:
+    """The strategy dispatch would pick: the one with the least input redistribution cost."""
+    if op_schema is None:
+        return _select_min_cost_strategy(strategy)
+    return _select_min_cost_strategy(strategy, op_schema)
+
+
+def num_tensor_inputs(op_schema: OpSchema) -> int:
+    """How many tensors (lists flattened) an op schema's arguments hold."""
+    return _single_dim._get_num_tensor_inputs(op_schema)
+
+
+def expand_single_dim_rule(
+    mesh: DeviceMesh, op_schema: OpSchema, info: Any, output_tensor_meta: Any
+) -> Callable[[Any, Any, Any], Any]:
+    """Dispatch's own expansion of a single-dim rule (``SingleDimStrategyInfo``) to ``mesh``.
+
+    Returns ``fn(op, args_meta, kwargs_meta) -> OpStrategy``, placeholders filled with the shard
+    types the inputs use, exactly as DTensor's propagator does it for a cache miss.
+    """
+    return _single_dim._expand_single_dim_strategy_to_mesh(mesh, op_schema, info, output_tensor_meta)

@@ -1,0 +1,60 @@
+"""DTensor internals of one tensor: its local tensor and spec, local shapes, simulated ranks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.distributed._local_tensor import (
+    LocalTensor,
+    LocalTensorMode,
+    enabled_local_tensor_mode,
+    maybe_run_for_local_tensor,
+    rank_map,
+)
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor._utils import (
+    _compute_local_shape_and_global_offset as compute_local_shape_and_global_offset,
+    compute_local_stride,
+)
+
+__all__ = [
+    "LocalTensor",
+    "LocalTensorMode",
+    "compute_local_shape_and_global_offset",
+    "compute_local_stride",
+    "enabled_local_tensor_mode",
+    "local_tensor",
+    "maybe_run_for_local_tensor",
+    "mesh_coordinate",
+    "num_devices_per_host",
+    "rank_map",
+    "set_spec",
+    "spec_of",
+]
+
+
+def local_tensor(dt: Any) -> Any:
+    """A DTensor's local shard, without ``to_local()``'s autograd node."""
+    return dt._local_tensor
+
+
+def spec_of(dt: Any) -> Any:
+    """A DTensor's ``DTensorSpec`` (mesh, placements, shard order, tensor meta)."""
+    return dt._spec
+
+
+def set_spec(dt: Any, spec: Any) -> None:
+    """Replace a DTensor's spec in place (``out=`` results written through a handler)."""
+    dt._spec = spec
+
+
+def mesh_coordinate(mesh: DeviceMesh, mesh_dim: int) -> Any:
+    """This rank's coordinate on one mesh dim (per-rank under LocalTensorMode)."""
+    return mesh._sym_get_coordinate(mesh_dim)
+
+
+def num_devices_per_host(device_type: str) -> int:
+    """Devices per host as DeviceMesh assumes it (``device_count()``; 1 on CPU)."""
+    from torch.distributed.device_mesh import _mesh_resources
+
+    return _mesh_resources.num_devices_per_host(device_type)

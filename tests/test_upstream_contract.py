@@ -1,0 +1,69 @@
+"""The upstream contract: every private torch symbol the adapter relies on, one test each.
+
+When a torch release renames or removes one, exactly the entries that changed fail, each
+naming the symbol and what is missing; the fix is a shim in ``dtensor_rules/_upstream/``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+
+import pytest
+
+from dtensor_rules._upstream import TESTED_TORCH, TORCH_VERSION
+from dtensor_rules._upstream.contract import REQUIREMENTS, Requirement
+
+
+def _params(obj: object) -> set[str]:
+    try:
+        return set(inspect.signature(obj).parameters)
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to check against
+        return set()
+
+
+@pytest.mark.parametrize("req", REQUIREMENTS, ids=lambda r: f"{r.module}.{r.name}")
+def test_upstream_symbol(req: Requirement) -> None:
+    module = importlib.import_module(req.module)
+    assert hasattr(module, req.name), f"torch {TORCH_VERSION}: {req.module} has no {req.name} ({req.why or 'used by the adapter'})"
+    obj = getattr(module, req.name)
+    if req.params or req.any_of:
+        params = _params(obj)
+        missing = [p for p in req.params if p not in params]
+        assert not missing, f"{req.module}.{req.name} lost parameter(s) {missing}; it takes {sorted(params)}"
+        if req.any_of:
+            assert any(p in params for p in req.any_of), (
+                f"{req.module}.{req.name} takes none of {req.any_of} (a renamed keyword?); it takes {sorted(params)}"
+            )
+    for attr in req.attrs:
+        has = hasattr(obj, attr) or attr in getattr(obj, "__annotations__", {}) or attr in _slots_or_fields(obj)
+        assert has, f"{req.module}.{req.name} has no attribute {attr!r} ({req.why or 'used by the adapter'})"
+
+
+def _slots_or_fields(obj: object) -> set[str]:
+    """Instance attributes declared on a class: dataclass fields, slots, or set in __init__."""
+    names: set[str] = set(getattr(obj, "__dataclass_fields__", {}))
+    for klass in getattr(obj, "__mro__", ()):
+        names |= set(getattr(klass, "__slots__", ()))
+        init = vars(klass).get("__init__")
+        if init is not None:
+            try:
+                names |= set(re.findall(r"self\.(\w+)\s*[:=]", inspect.getsource(init)))
+            except (OSError, TypeError):
+                pass
+    return names
+
+
+def test_running_torch_is_a_tested_release() -> None:
+    assert TORCH_VERSION in TESTED_TORCH, (
+        f"torch {TORCH_VERSION} is not among the tested releases {TESTED_TORCH}: run this suite on it, "
+        "fix the contract failures in dtensor_rules/_upstream/, then add it to TESTED_TORCH and setup.py"
+    )
+
+
+def test_expand_to_mesh_passes_the_filter_under_this_torch() -> None:
+    """The filter keyword the adapter picked is the one this torch's expansion accepts."""
+    from dtensor_rules._upstream import strategy
+
+    assert strategy.FILTER_KWARG in inspect.signature(strategy._ops_utils.expand_to_full_mesh_op_strategy).parameters
