@@ -40,6 +40,7 @@ from dtensor_rules._upstream.strategy import (
     expand_to_mesh,
     is_tensor_shardable,
     num_tensor_inputs,
+    recording_strategy_counts,
     select_min_cost_strategy,
 )
 from dtensor_rules._upstream.registries import (
@@ -51,6 +52,8 @@ from dtensor_rules._upstream.registries import (
     custom_op_handlers,
     dispatch_slow_path,
     dispatcher,
+    op_info_for,
+    propagate,
     propagator,
     registry,
 )

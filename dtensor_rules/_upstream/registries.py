@@ -60,3 +60,8 @@ def dispatch_slow_path(op_call: Any, args: Any, kwargs: Any) -> Any:
     d.sharding_propagator.propagate(op_info)
     local = d._dispatch_get_local_results_slow_path(op_call, args, op_info)
     return d.wrap(local, op_info.output_sharding.output_spec)
+
+
+def op_info_for(op_call: Any, args: Any, kwargs: Any) -> Any:
+    """The ``OpInfo`` (schema, local args) DTensor's dispatcher builds for one call."""
+    return dispatcher().unwrap_to_op_info(op_call, args, kwargs)

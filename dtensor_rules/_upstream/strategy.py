@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from torch.distributed.device_mesh import DeviceMesh
@@ -64,3 +65,23 @@ def expand_single_dim_rule(
     types the inputs use, exactly as DTensor's propagator does it for a cache miss.
     """
     return _single_dim._expand_single_dim_strategy_to_mesh(mesh, op_schema, info, output_tensor_meta)
+
+
+@contextlib.contextmanager
+def recording_strategy_counts() -> Iterator[list[int]]:
+    """Inside: each min-cost selection DTensor's propagator makes appends how many strategies it chose
+    from (benchmarks report it beside the time). The module function is restored exactly on exit."""
+    from torch.distributed.tensor import _sharding_prop
+
+    counts: list[int] = []
+    original = _sharding_prop._select_min_cost_strategy
+
+    def counting(strategy: OpStrategy, *args: Any, **kwargs: Any) -> OpSpec:
+        counts.append(len(strategy.strategies))
+        return original(strategy, *args, **kwargs)
+
+    _sharding_prop._select_min_cost_strategy = counting
+    try:
+        yield counts
+    finally:
+        _sharding_prop._select_min_cost_strategy = original
