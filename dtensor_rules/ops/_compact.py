@@ -140,20 +140,25 @@ def rows_strategy(
     *,
     n_out: int = 1,
     out_input: int | None = None,
+    full: bool = False,
 ) -> OpStrategy:
-    """The op strategy of a rule given as single-dim rows (see module docstring).
+    r"""The op strategy of a rule given as single-dim rows (see module docstring).
 
     ``full_rows()``: every valid row (all-Replicate implied). ``dispatch_rows(current)``: the
     rows worth scoring given one mesh dim's current input placements (as :func:`key`\ s; a
     subset of the valid rows, possibly built from ``current``). ``out_input``: index of an
     ``out=`` tensor among the inputs (never redistributed: its placements must be the output's).
+    ``full``: every row over every mesh dim even at dispatch (what a solver's cost table wants).
     """
     strategies = flat_inputs(op_schema)
     mesh = strategies[0].strategies[0].output_spec.mesh
     width = n_out + len(strategies)
     replicate: Row = [Replicate()] * width
-    if any(len(s.strategies) != 1 for s in strategies):
-        return _full_expansion(op_schema, strategies, [replicate, *([_fill(p) for p in r] for r in full_rows())], n_out)
+    if full or any(len(s.strategies) != 1 for s in strategies):
+        expanded = _full_expansion(op_schema, strategies, [replicate, *([_fill(p) for p in r] for r in full_rows())], n_out)
+        if not expanded.strategies:
+            _no_out_layout(op_schema, strategies, out_input)
+        return expanded
     inputs = []
     for s in strategies:
         spec = s.strategies[0].output_spec
@@ -172,12 +177,19 @@ def rows_strategy(
             seen.add(sig)
             specs.append(spec)
     if not specs:
-        out = inputs[out_input].current.placements if out_input is not None else ()
-        raise RuntimeError(
-            f"{op_schema.op}: no valid strategy gives an output laid out like the out= tensor ({out}); "
-            "pass an out= DTensor laid out as the result can be, or call the functional op"
-        )
+        _no_out_layout(op_schema, strategies, out_input)
     return OpStrategy(specs)
+
+
+def _no_out_layout(op_schema: OpSchema, strategies: list[OpStrategy], out_input: int | None) -> None:
+    """Only an out= tensor's fixed layout can leave no strategy: say so (upstream's wording for a
+    result that cannot be written in place, which callers such as the validator recognise)."""
+    out = tuple(strategies[out_input].strategies[0].output_spec.placements) if out_input is not None else ()
+    raise RuntimeError(
+        f"{op_schema.op}: in-place operations that require placement changes are not supported: no valid "
+        f"strategy lays the result out like the out= tensor {out}; pass an out= DTensor laid out as the "
+        "result can be (e.g. Replicate), or call the functional op"
+    )
 
 
 def _greedy_rows(

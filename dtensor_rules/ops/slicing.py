@@ -272,7 +272,7 @@ def _cat_args(op_schema: OpSchema) -> tuple[list[Any], int]:
 
 
 @register(CAT, kind="op_strategy")
-def cat_strategy(op_schema: OpSchema) -> OpStrategy:
+def cat_strategy(op_schema: OpSchema, full: bool = False) -> OpStrategy:
     """Non-cat dims shard together; Partial passes where the dtype cast keeps it; the cat dim only
     if one input is non-empty; zero-element inputs are free."""
     metas, dim = _cat_args(op_schema)
@@ -281,9 +281,9 @@ def cat_strategy(op_schema: OpSchema) -> OpStrategy:
     n_in = len(flat_inputs(op_schema))
     out_input = n_in - 1 if has_out else None
     if call is None:  # every input is a legacy empty tensor: only all-Replicate
-        return rows_strategy(op_schema, lambda: [], lambda cur: [], out_input=out_input)
+        return rows_strategy(op_schema, lambda: [], lambda cur: [], out_input=out_input, full=full)
     return rows_strategy(
-        op_schema, lambda: list(cat_rows(call)), lambda cur: cat_dispatch_rows(call, cur), out_input=out_input
+        op_schema, lambda: list(cat_rows(call)), lambda cur: cat_dispatch_rows(call, cur), out_input=out_input, full=full
     )
 
 
@@ -412,8 +412,14 @@ def slice_scatter_rows(call: ScatterCall) -> tuple[Row, ...]:
 
 
 @register(SLICE_SCATTER, kind="op_strategy")
-def slice_scatter_strategy(op_schema: OpSchema) -> OpStrategy:
+def slice_scatter_strategy(op_schema: OpSchema, full: bool = False) -> OpStrategy:
     """Shard dims other than the slice dim together; Partial passes where src's cast keeps it."""
     call = _scatter_call(op_schema)
     rows = slice_scatter_rows(call)
-    return rows_strategy(op_schema, lambda: list(rows), lambda cur: rows, out_input=2 if call.has_out else None)
+    out_input = 2 if call.has_out else None
+    return rows_strategy(op_schema, lambda: list(rows), lambda cur: rows, out_input=out_input, full=full)
+
+
+# solvers' cost tables (dtensor_rules.costs.strategy_costs) price every strategy, not dispatch's two
+for _fn in (cat_strategy, slice_scatter_strategy):
+    _fn.full_enumeration = functools.partial(_fn, full=True)  # type: ignore[attr-defined]
