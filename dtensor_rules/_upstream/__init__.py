@@ -77,6 +77,7 @@ from dtensor_rules._upstream.collectives import (
     partial_partition,
     partial_reduce,
     partial_reduce_scatter,
+    redistribute_cost,
     shard_all_gather,
     shard_all_to_all,
     shard_from_replicate,

@@ -14,6 +14,7 @@ import torch
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor._collective_utils import one_step_redistribute_cost
+from torch.distributed.tensor._collective_utils import redistribute_cost  # full spec -> spec estimate (op strategies)
 from torch.distributed.tensor.placement_types import Partial, Shard
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "partial_partition",
     "partial_reduce",
     "partial_reduce_scatter",
+    "redistribute_cost",
     "shard_all_gather",
     "shard_all_to_all",
     "shard_from_replicate",

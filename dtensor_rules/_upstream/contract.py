@@ -55,6 +55,7 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(f"{_T}._utils", "compute_local_stride"),
     Requirement(f"{_T}._decompositions", "DecompShardingStrategy"),
     Requirement(f"{_T}._collective_utils", "one_step_redistribute_cost"),
+    Requirement(f"{_T}._collective_utils", "redistribute_cost", why="op-strategy rules pricing their own strategies"),
     Requirement(f"{_T}.placement_types", "_StridedShard"),
     Requirement(f"{_T}.placement_types", "Shard", attrs=("_to_replicate_tensor", "_to_new_shard_dim",
                 "_replicate_to_shard", "local_shard_size_and_offset"), why="executor steps"),

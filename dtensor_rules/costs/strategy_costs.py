@@ -94,7 +94,8 @@ def _op_strategy(op: OpOverload, args: tuple, kwargs: dict, mesh: DeviceMesh, cu
         info = RuntimeSchemaInfo(info.static_argnum, info.static_kwargkey, needs_pytree=True)
     schema = OpSchema(op, s_args, s_kwargs, schema_info=info)
     if rule.kind == "op_strategy":
-        result = rule.strategy(schema)
+        # a rule that prices only a compact set at dispatch exposes its full enumeration for solvers
+        result = getattr(rule.strategy, "full_enumeration", rule.strategy)(schema)
     else:
         def filled(o: OpOverload, a: Any, k: Any) -> list[list[Placement]]:
             # dispatch fills placeholders with the shard types its inputs use: plain Shard here

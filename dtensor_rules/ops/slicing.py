@@ -1,9 +1,13 @@
 """``aten.cat`` and ``aten.slice_scatter``: ops that place whole blocks of their inputs into the output.
 
 Both are *linear in all tensor inputs jointly* and every output element is a copy of
-exactly one input element (a *selection*), which is what lets Partial placements pass.
+exactly one input element (a *selection*), which is what lets Partial placements pass —
+as long as the op's dtype cast keeps the reduction (:mod:`dtensor_rules.ops._casts`):
+a Partial(sum/avg) input must already have the output's dtype; Partial(max/min) survives
+monotone casts only.
 
-``cat(tensors, dim)`` — strategies per mesh dim, ``[out, t_1, ..., t_n]`` (+ ``out=``):
+``cat(tensors, dim)`` — strategies per mesh dim, ``[out, t_1, ..., t_n]`` (+ ``out=``);
+``E(op)`` = the non-empty inputs whose cast to the promoted dtype keeps ``op``:
 
 =================================  ==========================================  ==============================================
 out                                inputs                                      why it is valid
@@ -13,10 +17,14 @@ S(d), d != cat dim                 every input S(d)                            a
 S(cat dim)                         every input S(cat dim)                      only when at most ONE input is non-empty on the
                                                                                cat dim: the output *is* that input (else the
                                                                                local cats interleave the inputs)
-P(sum)                             every input P(sum)                          linear: sum_r cat(x_r) = cat(sum_r x_r)
-P(avg) / P(max) / P(min)           any non-empty subset of inputs P(op), the   each output element is a copy of one input
-                                   others R                                    element: the mean, max, min of a replicated
-                                                                               value is itself, of a Partial one its value
+P(sum)                             every input P(sum), all of the output's     linear: sum_r cat(x_r) = cat(sum_r x_r); the
+                                   dtype                                       sum of cast parts is not the cast of the sum
+P(avg) / P(max) / P(min)           a non-empty subset of E(op) P(op), the      each output element is a copy of one input
+                                   others R (every subset up to                element: the mean, max, min of a replicated
+                                   ``MAX_SUBSET_INPUTS`` inputs in E(op),      value is itself, of a Partial one its value
+                                   beyond that all of E(op) and each one;      (through a monotone cast for max/min)
+                                   dispatch also offers the subset that is
+                                   Partial now)
 a zero-element input: R or any     any row above (a non-legacy empty input     it contributes nothing, and its local piece is
 P(op) its dtype allows             only in rows sharding no non-cat dim)       empty too; a non-legacy one must still match
                                                                                the others' local sizes off the cat dim
@@ -25,29 +33,28 @@ P(avg) / P(max) / P(min)           all R except a zero-element input laid      e
 R                                  every input R                               implied
 =================================  ==========================================  ==============================================
 
-Legacy empty inputs (shape ``(0,)``) are skipped by cat. Partial rows are offered only for
-reduce ops all input dtypes (and the promoted output dtype) support (no bool; avg needs floats).
-Caps (documented, valid rows left out): the subsets are enumerated for up to
-``MAX_SUBSET_INPUTS`` = 6 non-legacy inputs (2^6 - 1 rows per reduce op); with more, only
-"all" and "exactly one" are offered and dispatch reaches the rest by redistributing an
-operand. Only the first ``MAX_FREE_INPUTS`` = 2 zero-element inputs get alternatives.
+Legacy empty inputs (shape ``(0,)``, and any 1-d input of a cat of higher-dim tensors) are
+skipped by cat. Caps (documented, valid rows left out so the rows stay polynomial in the
+number of inputs): subsets beyond "all" and "exactly one" only for up to ``MAX_SUBSET_INPUTS``
+inputs in E(op); only the first ``MAX_FREE_INPUTS`` zero-element inputs get alternatives.
 Not valid: the cat dim sharded with two non-empty inputs; P(sum) mixed with R (the
-replicated operand would be summed n times).
+replicated operand would be summed n times); P(sum/avg) through a dtype change.
 
-``slice_scatter(self, src, dim, start, end, step)`` — ``[out, self, src]`` (+ ``out=``):
+``slice_scatter(self, src, dim, start, end, step)`` — ``[out, self, src]`` (+ ``out=``);
+``ops(src)`` = the reduce ops src's cast to self's dtype keeps:
 
 =================================  ==========================================  ==============================================
 out                                self, src                                   why it is valid
 =================================  ==========================================  ==============================================
 S(d), d != slice dim               S(d), S(d)                                  self and src have equal sizes on every d != dim,
                                                                                so rows line up; the slice is along another dim
-P(sum)                             P(sum), P(sum)                              linear in (self, src) jointly
-P(avg) / P(max) / P(min)           P(op), P(op) | P(op), R | R, P(op)          each output element is a copy of one element of
+P(op), op in ops(src)              P(op), P(op)                                linear in (self, src) jointly / a selection
+P(avg) / P(max) / P(min)           P(op), R | R, P(op) (op in ops(src))        each output element is a copy of one element of
                                                                                self or src: mean/max/min of a replicated
                                                                                operand is itself
-X in {R, P(op)}                    X, any of R/P(op')                          slice is EMPTY: out == self whatever src holds
-X in {R, P(op)}                    any of R/P(op'), X                          slice is FULL (covers all of dim, step 1):
-                                                                               out == src whatever self holds
+X in {R, P(op)}                    X, any of R/P(op') src's dtype allows       slice is EMPTY: out == self whatever src holds
+X in {R, P(op in ops(src))}        any of R/P(op'), X                          slice is FULL (covers all of dim, step 1):
+                                                                               out == cast(src) whatever self holds
 S(dim)                             S(dim), S(dim)                              slice is FULL: out == src, and the local slice
                                                                                [start:end] clamps to the whole local shard
 P(avg) / P(max) / P(min)           R, any | any, R                             slice EMPTY | FULL and the passed operand
@@ -59,11 +66,20 @@ S(dim)                             S(dim), R/P(op)                             s
 R                                  R, R                                        implied
 =================================  ==========================================  ==============================================
 
-src is cast to self's dtype; when that truncates (float src, integer self) src may not be
-P(sum)/P(avg) (truncating each part is not truncating the sum); max/min survive (monotone).
 Not valid in general: the slice dim of self sharded (each rank would apply the *global*
 start/end/step to its local chunk); self and src on different dims; P(sum) with one
-operand replicated (unless the slice is empty/full as above).
+operand replicated (unless the slice is empty/full as above); a Partial src whose cast
+to self's dtype breaks its reduction (:mod:`dtensor_rules.ops._casts`).
+
+Symbolic sizes: emptiness, "full slice" and legacy-empty inputs are decided with
+``guard_or_false`` (never a guard on an unbacked size); an unknown answer drops the rows
+that need it (fewer strategies, never a wrong one).
+
+Dispatch cost: both rules are ``op_strategy`` rules built by
+:func:`dtensor_rules.ops._compact.rows_strategy`: dispatch prices at most two full-mesh
+strategies (the cheapest row per mesh dim from the current layouts, and all-Replicate);
+solvers and the validator, which pass several candidate layouts per input, get every row
+over every mesh dim.
 Upstream torch 2.13: cat offers one follow-the-exemplar strategy per input layout with no
 Partial max/min mixing and no cat-dim case; slice_scatter forces src to follow self, drops
 tensor_meta on inputs and never lets Partial through.
@@ -71,14 +87,19 @@ tensor_meta on inputs and never lets Partial through.
 
 from __future__ import annotations
 
+import functools
 import itertools
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import torch
-from dtensor_rules._upstream import ShardingPlaceholder
+from dtensor_rules._upstream import OpSchema, OpStrategy, ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from dtensor_rules.ops._common import PlacementOrHole, metas, normalize_dim, numel
+from dtensor_rules.ops._casts import cast_partial_ops
+from dtensor_rules.ops._common import PlacementOrHole, normalize_dim
+from dtensor_rules.ops._compact import Key, flat_inputs, key, rows_strategy
 from dtensor_rules.ops._partial import partial_ops
 from dtensor_rules.registry import register
 
@@ -88,74 +109,124 @@ SLICE_SCATTER = [aten.slice_scatter.default, aten.slice_scatter.out]
 
 Row = list[PlacementOrHole]
 
-
-def _with_out(row: Row, kwargs: Any) -> Row:
-    """``.out`` variants: the ``out=`` tensor (last in pytree order) is laid out like the result."""
-    return row + [row[0]] if isinstance(kwargs, dict) and "out" in kwargs else row
-
-
-def _is_legacy_empty(shape: Any) -> bool:
-    """cat skips 1-D tensors with no elements, whatever the other inputs' ndim."""
-    return len(shape) == 1 and shape[0] == 0
-
-
-# cat: all 2^n - 1 subsets of Partial(avg/max/min) inputs are emitted up to this many inputs
-# (63 rows per reduce op); beyond it only "all" and "exactly one" (dispatch reaches the others
-# by redistributing an operand). Real MoE code cats a handful of tensors.
-MAX_SUBSET_INPUTS = 6
+# cat: every subset of Partial(avg/max/min) inputs is a row only up to this many eligible
+# inputs (7 rows per reduce op); beyond it "all" and "exactly one" (polynomial in inputs).
+# Dispatch additionally scores the subset that is Partial right now.
+MAX_SUBSET_INPUTS = 3
 # zero-element inputs contribute nothing, so they may be laid out any way; rows are multiplied
 # by the 1 + 4 choices of each, for at most this many of them
 MAX_FREE_INPUTS = 2
 
 
-@register(CAT)
-def cat_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
-    """Non-cat dims shard together; Partial passes (any subset for avg/max/min); the cat dim only
-    if one input is non-empty; zero-element inputs are free."""
-    tensors = list(args[0])
-    dim_arg = args[1] if len(args) > 1 else (kwargs or {}).get("dim", 0)
-    real = [i for i, t in enumerate(tensors) if not _is_legacy_empty(t.shape)]
+def _with_out(row: Row, has_out: bool) -> Row:
+    """``.out`` variants: the ``out=`` tensor (last in pytree order) is laid out like the result."""
+    return row + [row[0]] if has_out else row
+
+
+def _known_zero(size: Any) -> bool:
+    """True only if ``size`` is statically 0; an unbacked size is not assumed empty."""
+    return guard_or_false(size == 0)
+
+
+def _numel_known_zero(shape: Sequence[Any]) -> bool:
+    return any(_known_zero(s) for s in shape)
+
+
+# --------------------------------------------------------------------------- cat
+class CatCall(NamedTuple):
+    """What cat's rows depend on, read once from the input metas (hashable: rows are cached on it)."""
+
+    dtypes: tuple[torch.dtype, ...]
+    real: tuple[int, ...]  # inputs cat does not skip (not legacy-empty)
+    empty: tuple[int, ...]  # inputs known to have no elements (an unknown size is not empty)
+    empty_on_cat_dim: tuple[int, ...]  # real inputs known to be empty on the cat dim
+    cat_dim: int
+    ndim: int
+    out_dtype: torch.dtype
+    has_out: bool
+
+
+def _cat_call(metas: list[Any], dim_arg: int, has_out: bool) -> CatCall | None:
+    shapes = [m.shape for m in metas]
+    ndim = max(len(s) for s in shapes)
+
+    def legacy(s: Sequence[Any]) -> bool:
+        # cat skips 1-d tensors with no elements; next to higher-dim inputs a 1-d one must be one
+        return len(s) == 1 and (ndim > 1 or _known_zero(s[0]))
+
+    real = tuple(i for i, s in enumerate(shapes) if not legacy(s))
     if not real:
-        return []  # every input is a legacy empty tensor: only the implied all-Replicate
-    ndim = len(tensors[real[0]].shape)
+        return None
     cat_dim = normalize_dim(dim_arg, ndim)
-    n = len(tensors)
-    R = Replicate()
+    dtypes = tuple(m.dtype for m in metas)
+    out_dtype = dtypes[0]
+    for d in dtypes[1:]:
+        out_dtype = torch.promote_types(out_dtype, d)
+    return CatCall(
+        dtypes,
+        real,
+        tuple(i for i, s in enumerate(shapes) if _numel_known_zero(s)),
+        tuple(i for i in real if _known_zero(shapes[i][cat_dim])),
+        cat_dim,
+        ndim,
+        out_dtype,
+        has_out,
+    )
+
+
+@functools.lru_cache(maxsize=512)
+def cat_rows(call: CatCall, *, subsets: bool = True, free: bool = True) -> tuple[Row, ...]:
+    """cat's single-dim rows (the module table). ``subsets``/``free``: emit the subset and
+    zero-element-input variants (dispatch scores without them: see :func:`cat_dispatch_rows`).
+    Cached on the call's facts (a pure function of them); do not mutate the rows."""
+    n, R = len(call.dtypes), Replicate()
 
     def row(out: PlacementOrHole, per_input: dict[int, PlacementOrHole]) -> Row:
-        return [out] + [per_input.get(i, R) for i in range(n)]
+        return _with_out([out] + [per_input.get(i, R) for i in range(n)], call.has_out)
 
     strategies: list[Row] = []
-    for d in range(ndim):
-        if d == cat_dim:
-            non_empty = [i for i in real if tensors[i].shape[cat_dim] != 0]
+    for d in range(call.ndim):
+        if d == call.cat_dim:
+            non_empty = [i for i in call.real if i not in call.empty_on_cat_dim]
             if len(non_empty) > 1:
                 continue
         S = ShardingPlaceholder(d)
-        strategies.append(row(S, {i: S for i in real}))
-    out_dtype = tensors[0].dtype
-    for t in tensors[1:]:
-        out_dtype = torch.promote_types(out_dtype, t.dtype)
-    # all inputs replicated: every rank holds the whole result, and its mean/max/min over ranks
-    # is itself; listed only as a base for free (zero-element) inputs laid out otherwise
+        strategies.append(row(S, {i: S for i in call.real}))
+    filled = _filled(call)
     replicated_rows = [row(R, {})]
-    for reduce_op in partial_ops([tensors[i].dtype for i in real] + [out_dtype]):
+    for reduce_op in partial_ops([call.out_dtype]):
         P = Partial(reduce_op)
-        if reduce_op == "sum" or len(real) == 1:
-            strategies.append(row(P, {i: P for i in real}))
-        elif len(real) <= MAX_SUBSET_INPUTS:
-            for k in range(1, len(real) + 1):
-                strategies += [row(P, {i: P for i in subset}) for subset in itertools.combinations(real, k)]
-        else:
-            strategies.append(row(P, {i: P for i in real}))
-            strategies += [row(P, {i: P}) for i in real]
-        if reduce_op != "sum":
-            replicated_rows.append(row(P, {}))
-    strategies += _free_empty_inputs(strategies + replicated_rows, tensors, cat_dim, real)
-    return [_with_out(r, kwargs) for r in strategies]
+        eligible = _eligible(call, reduce_op)
+        if reduce_op == "sum":
+            if len(eligible) == len(filled):
+                strategies.append(row(P, {i: P for i in call.real}))
+            continue
+        replicated_rows.append(row(P, {}))
+        for subset in _subsets(eligible, subsets):
+            strategies.append(row(P, {i: P for i in subset}))
+    if free:
+        strategies += _free_empty_inputs(strategies + replicated_rows, call)
+    return tuple(strategies)
 
 
-def _free_empty_inputs(rows: list[Row], tensors: list[Any], cat_dim: int, real: list[int]) -> list[Row]:
+def _filled(call: CatCall) -> list[int]:
+    """Inputs that may hold elements (an unknown size counts: its cast must keep the op)."""
+    return [i for i in call.real if i not in call.empty]
+
+
+def _eligible(call: CatCall, reduce_op: str) -> list[int]:
+    return [i for i in _filled(call) if reduce_op in cast_partial_ops(call.dtypes[i], call.out_dtype)]
+
+
+def _subsets(eligible: list[int], all_subsets: bool) -> list[tuple[int, ...]]:
+    """Every non-empty subset for few inputs; otherwise all of them and each one alone."""
+    if all_subsets and len(eligible) <= MAX_SUBSET_INPUTS:
+        return [s for k in range(1, len(eligible) + 1) for s in itertools.combinations(eligible, k)]
+    out = [tuple(eligible)] if eligible else []
+    return out + [(i,) for i in eligible if len(eligible) > 1]
+
+
+def _free_empty_inputs(rows: list[Row], call: CatCall) -> list[Row]:
     """A zero-element input adds nothing to the result, so any Replicate / Partial layout of it
     (its local piece is empty too) gives the same output: offer each, for up to MAX_FREE_INPUTS.
 
@@ -163,25 +234,70 @@ def _free_empty_inputs(rows: list[Row], tensors: list[Any], cat_dim: int, real: 
     match the others' local sizes off the cat dim, so it is freed only in rows that shard no
     other dim. Returns only the new rows (``rows`` with a free input changed).
     """
-    free = [i for i, t in enumerate(tensors) if numel(t.shape) == 0][:MAX_FREE_INPUTS]
     out = list(rows)
-    for i in free:
-        choices: list[PlacementOrHole] = [Replicate()] + [Partial(o) for o in partial_ops([tensors[i].dtype])]
-        legacy = i not in real
+    for i in call.empty[:MAX_FREE_INPUTS]:
+        choices: list[PlacementOrHole] = [Replicate()] + [Partial(o) for o in partial_ops([call.dtypes[i]])]
+        legacy = i not in call.real
         out = [
             r[: 1 + i] + [c] + r[2 + i :]
             for r in out
             for c in choices
-            if c != r[1 + i]
-            and (legacy or not any(isinstance(p, ShardingPlaceholder) and p.dim != cat_dim for p in r))
+            if key(c) != key(r[1 + i])
+            and (legacy or not any(isinstance(p, ShardingPlaceholder) and p.dim != call.cat_dim for p in r))
         ] + out
-    seen = {tuple(map(str, r)) for r in rows}
-    return [r for r in out if tuple(map(str, r)) not in seen]
+    seen = {tuple(map(key, r)) for r in rows}
+    return [r for r in out if tuple(map(key, r)) not in seen]
 
 
-def _signs_differ(start: int | None, end: int | None) -> bool:
-    """A negative start (counted from the END of each shard) with a non-negative end."""
-    return start is not None and start < 0 and (end is None or end >= 0)
+def cat_dispatch_rows(call: CatCall, current: Sequence[Key]) -> list[Row]:
+    """Rows dispatch scores on one mesh dim: the polynomial rows plus, per reduce op, the
+    eligible inputs that are Partial(op) now (the subset that needs no redistribution)."""
+    rows = list(cat_rows(call, subsets=False, free=False))
+    n, R = len(call.dtypes), Replicate()
+    for reduce_op in partial_ops([call.out_dtype]):
+        if reduce_op == "sum":
+            continue
+        eligible = _eligible(call, reduce_op)
+        now = [i for i in eligible if current[i] == ("P", reduce_op)]
+        if 1 < len(now) < len(eligible):  # "all" and "exactly one" are rows already
+            P = Partial(reduce_op)
+            rows.append(_with_out([P] + [P if i in now else R for i in range(n)], call.has_out))
+    return rows
+
+
+def _cat_args(op_schema: OpSchema) -> tuple[list[Any], int]:
+    args, kwargs = op_schema.args_meta, op_schema.kwargs_meta
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    return list(args[0]), dim
+
+
+@register(CAT, kind="op_strategy")
+def cat_strategy(op_schema: OpSchema, full: bool = False) -> OpStrategy:
+    """Non-cat dims shard together; Partial passes where the dtype cast keeps it; the cat dim only
+    if one input is non-empty; zero-element inputs are free."""
+    metas, dim = _cat_args(op_schema)
+    has_out = "out" in op_schema.kwargs_schema
+    call = _cat_call(metas, dim, has_out)
+    n_in = len(flat_inputs(op_schema))
+    out_input = n_in - 1 if has_out else None
+    if call is None:  # every input is a legacy empty tensor: only all-Replicate
+        return rows_strategy(op_schema, lambda: [], lambda cur: [], out_input=out_input, full=full)
+    return rows_strategy(
+        op_schema, lambda: list(cat_rows(call)), lambda cur: cat_dispatch_rows(call, cur), out_input=out_input, full=full
+    )
+
+
+# --------------------------------------------------------------------------- slice_scatter
+class SliceFacts(NamedTuple):
+    """What the rows need to know about ``x[start:end:step]`` along a dim (False = unknown)."""
+
+    empty: bool
+    full: bool
+    shard_empty: bool  # empty AND still empty on every shorter local shard
+
+
+def _is_int(x: Any) -> bool:
+    return x is None or isinstance(x, int)
 
 
 def slice_length(size: int, start: int | None, end: int | None, step: int) -> tuple[int, int]:
@@ -195,67 +311,115 @@ def slice_length(size: int, start: int | None, end: int | None, step: int) -> tu
     return lo, len(range(lo, hi, st))
 
 
-@register(SLICE_SCATTER)
-def slice_scatter_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
-    """Shard dims other than the slice dim together; Partial passes (linear, a selection)."""
-    self_m, src_m = metas(args)[:2]
-    names = ("dim", "start", "end", "step")
-    defaults = (0, None, None, 1)
-    kw = kwargs or {}
+def slice_facts(size: Any, start: Any, end: Any, step: Any) -> SliceFacts:
+    """Exact for plain ints; with symbolic sizes or bounds only what is statically known."""
+    if all(_is_int(x) for x in (size, start, end, step)):
+        first, length = slice_length(size, start, end, step)
+        empty = length == 0
+        mixed = start is not None and start < 0 and (end is None or end >= 0)
+        return SliceFacts(empty, length == size and step == 1 and first == 0, empty and not mixed)
+    full = (
+        guard_or_false(step == 1)
+        and (start is None or guard_or_false(start == 0) or guard_or_false(start <= -size))
+        and (end is None or guard_or_false(end >= size))
+    )
+    empty = (
+        guard_or_false(size == 0)
+        or (start is not None and guard_or_false(start >= size))
+        or (end is not None and guard_or_false(end <= -size))
+        or (end is not None and guard_or_false(end == 0))
+    )
+    return SliceFacts(empty, full, False)
+
+
+class ScatterCall(NamedTuple):
+    ndim: int
+    dim: int
+    facts: SliceFacts
+    self_ops: tuple[str, ...]  # Partial ops self (and the output) can carry
+    src_ops: tuple[str, ...]  # Partial ops src can carry through its cast to self's dtype
+    src_any: tuple[str, ...]  # Partial ops src's dtype allows (src unused: no cast matters)
+    has_out: bool
+
+
+def _scatter_call(op_schema: OpSchema) -> ScatterCall:
+    args, kw = op_schema.args_meta, op_schema.kwargs_meta
+    self_m, src_m = args[0], args[1] if len(args) > 1 else kw["src"]
+    names, defaults = ("dim", "start", "end", "step"), (0, None, None, 1)
     dim, start, end, step = (
         args[2 + i] if len(args) > 2 + i else kw.get(name, default) for i, (name, default) in enumerate(zip(names, defaults))
     )
     ndim = len(self_m.shape)
     dim = normalize_dim(dim, ndim)
     size = self_m.shape[dim] if ndim else 1
-    first, length = slice_length(size, start, end, step)
-    empty = length == 0
-    full = length == size and step == 1 and first == 0
+    return ScatterCall(
+        ndim, dim, slice_facts(size, start, end, step),
+        partial_ops([self_m.dtype]), cast_partial_ops(src_m.dtype, self_m.dtype), partial_ops([src_m.dtype]),
+        "out" in op_schema.kwargs_schema,
+    )
+
+
+@functools.lru_cache(maxsize=512)
+def slice_scatter_rows(call: ScatterCall) -> tuple[Row, ...]:
+    """slice_scatter's single-dim rows (the module table), cached on the call's facts."""
 
     def row(out: PlacementOrHole, s: PlacementOrHole, src: PlacementOrHole) -> Row:
-        return _with_out([out, s, src], kwargs)
+        return _with_out([out, s, src], call.has_out)
 
+    empty, full = call.facts.empty, call.facts.full
     strategies: list[Row] = []
-    for d in range(ndim):
-        if d != dim or full:
+    for d in range(call.ndim):
+        if d != call.dim or full:
             S = ShardingPlaceholder(d)
             strategies.append(row(S, S, S))
     R: Placement = Replicate()
-    ops = partial_ops([self_m.dtype, src_m.dtype])
-    # src is cast to self's dtype: float -> integer truncates, which is monotone (max/min
-    # survive) but not linear (a Partial(sum) src would be truncated part by part)
-    truncating = src_m.dtype.is_floating_point and not self_m.dtype.is_floating_point
-    src_ops = tuple(o for o in ops if not (truncating and o in ("sum", "avg")))
-    for reduce_op in ops:
+    for reduce_op in call.self_ops:
         P = Partial(reduce_op)
-        if reduce_op in src_ops:
+        if reduce_op in call.src_ops:
             strategies.append(row(P, P, P))
         if reduce_op != "sum":
             strategies.append(row(P, P, R))
-            if reduce_op in src_ops:
+            if reduce_op in call.src_ops:
                 strategies.append(row(P, R, P))
     # an empty slice leaves self untouched (src may be laid out any way); a full slice
-    # returns src (self may be laid out any way): the ignored operand is free
-    self_kept = [R] + [Partial(o) for o in ops]
-    src_kept = [R] + [Partial(o) for o in src_ops]
+    # returns cast(src) (self may be laid out any way): the ignored operand is free
+    self_kept = [R] + [Partial(o) for o in call.self_ops]
+    src_ignored = [R] + [Partial(o) for o in call.src_any]
+    src_passed = [R] + [Partial(o) for o in call.src_ops]
     # a replicated passed operand gives every rank the whole result: any mean/max/min of it is itself
-    spread = [Partial(o) for o in ops if o != "sum"]
-    for passed in self_kept:
-        for ignored in src_kept:
-            if empty and passed != ignored and not (passed == R and ignored == R):
-                strategies.append(row(passed, passed, ignored))
-                if passed == R:
-                    strategies += [row(p, R, ignored) for p in spread]
-    for passed in src_kept:
-        for ignored in self_kept:
-            if full and passed != ignored and not (passed == R and ignored == R):
-                strategies.append(row(passed, ignored, passed))
-                if passed == R:
-                    strategies += [row(p, ignored, R) for p in spread]
-    if empty and ndim and not _signs_differ(start, end):
+    spread = [Partial(o) for o in call.self_ops if o != "sum"]
+    if empty:
+        for passed in self_kept:
+            for ignored in src_ignored:
+                if passed != ignored and not (passed == R and ignored == R):
+                    strategies.append(row(passed, passed, ignored))
+                    if passed == R:
+                        strategies += [row(p, R, ignored) for p in spread]
+    if full:
+        for passed in src_passed:
+            for ignored in self_kept:
+                if passed != ignored and not (passed == R and ignored == R):
+                    strategies.append(row(passed, ignored, passed))
+                    if passed == R:
+                        strategies += [row(p, ignored, R) for p in spread]
+    if call.facts.shard_empty and call.ndim:
         # the local slice of an empty global slice is empty too (start >= end survives clamping to
         # a shorter shard), so self may be split on the slice dim; src has no elements to place.
         # Not with a negative start and non-negative end: [-2:3] is empty on 6 rows, not on 3.
-        S = ShardingPlaceholder(dim)
-        strategies += [row(S, S, ignored) for ignored in src_kept]
-    return strategies
+        S = ShardingPlaceholder(call.dim)
+        strategies += [row(S, S, ignored) for ignored in src_ignored]
+    return tuple(strategies)
+
+
+@register(SLICE_SCATTER, kind="op_strategy")
+def slice_scatter_strategy(op_schema: OpSchema, full: bool = False) -> OpStrategy:
+    """Shard dims other than the slice dim together; Partial passes where src's cast keeps it."""
+    call = _scatter_call(op_schema)
+    rows = slice_scatter_rows(call)
+    out_input = 2 if call.has_out else None
+    return rows_strategy(op_schema, lambda: list(rows), lambda cur: rows, out_input=out_input, full=full)
+
+
+# solvers' cost tables (dtensor_rules.costs.strategy_costs) price every strategy, not dispatch's two
+for _fn in (cat_strategy, slice_scatter_strategy):
+    _fn.full_enumeration = functools.partial(_fn, full=True)  # type: ignore[attr-defined]
