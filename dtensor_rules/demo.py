@@ -99,15 +99,15 @@ def section_model(mesh_shape: tuple[int, ...], out: TextIO) -> None:
 
 # --------------------------------------------------------------------------- 2. coverage
 def section_coverage(mesh_shape: tuple[int, ...], out: TextIO) -> bool:
-    from dtensor_rules.coverage import coverage
+    from dtensor_rules.coverage import coverage, describe_moe_example, moe_example
 
     header("2. op coverage of forward+backward: where each op's sharding rule comes from", out)
     with Steps("coverage", 2, out) as s:
         s.step("trace forward+backward (make_fx) and ask each op's rule")
-        # bf16: the CPU meta kernel of _grouped_mm (used by fake tracing) accepts only bf16
-        model = demo_model(torch.bfloat16, permute_impl="kernel")
-        report = coverage(model, (demo_inputs(torch.bfloat16)[0],), mesh_shape=mesh_shape)
+        # the model `python -m dtensor_rules coverage` traces too (bf16: _grouped_mm's CPU meta kernel needs it)
+        report = coverage(*moe_example(), mesh_shape=mesh_shape)
         s.step("render")
+    print(describe_moe_example() + " (the same as `python -m dtensor_rules coverage`)", file=out)
     rows = [(r.name, r.calls, r.rule, r.strategies) for r in report.rows]
     print(table(rows, ("op", "calls", "rule", "strategies on mesh"), right=(1, 3)), file=out)
     counts = {k: sum(r.rule == k for r in report.rows) for k in ("ours", "upstream", "decomp", "handler", "none")}
@@ -123,8 +123,9 @@ def section_coverage(mesh_shape: tuple[int, ...], out: TextIO) -> bool:
 # --------------------------------------------------------------------------- 3. sharded = single
 def _copies(t: torch.Tensor) -> list[torch.Tensor]:
     """A simulated (LocalTensor) full tensor holds one copy per rank; a plain tensor is one copy."""
-    local = getattr(t, "_local_tensors", None)
-    return [local[r] for r in sorted(local)] if local is not None else [t]
+    from dtensor_rules.testing import local_shards
+
+    return local_shards(t)
 
 
 def within_tolerance(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> bool:
@@ -214,7 +215,7 @@ def section_plan(mesh_shape: tuple[int, ...], out: TextIO) -> bool:
     from torch.distributed.tensor import Partial, Shard
 
     from dtensor_rules.redistribute import distribute_tensor, plan, redistribute
-    from dtensor_rules.testing import simulated_mesh
+    from dtensor_rules.testing import local_shards, simulated_mesh
 
     header("4. redistribute to a non-default device order (dtensor_rules.plan)", out)
     src, dst = (Partial(), Shard(0)), (Shard(0), Shard(0))
@@ -237,10 +238,9 @@ def section_plan(mesh_shape: tuple[int, ...], out: TextIO) -> bool:
         x = distribute_tensor(full, mesh, src)
         y = redistribute(x, dst, device_order=(1, 0))
         same = all(torch.equal(c, full) for c in _copies(y.full_tensor()))
-        local = y.to_local()
-        shards = getattr(local, "_local_tensors", {})
+        shards = local_shards(y)  # public helper: every simulated rank's shard, in rank order
         rows = []
-        for r in sorted(shards):
+        for r in range(len(shards)):
             ep, tp = divmod(r, mesh_shape[1])
             first = shards[r][:, 0].div(3).long().tolist()  # row index = value // 3
             rows.append((f"({ep}, {tp})", ", ".join(map(str, first)) or "-"))
