@@ -254,7 +254,8 @@ def flop_rows(model: torch.nn.Module, x: torch.Tensor, cot: torch.Tensor) -> lis
     """Per op of forward+backward: calls, torch-only FlopCounterMode flops, with ours, bytes, H100 seconds.
 
     ``bytes``/``h100_s`` come from ``dtensor_rules.costs.estimate_call`` (memory-bound
-    fallback, flagged ``approx``, for ops the cost package has no formula for yet).
+    fallback, flagged ``approx``, for ops the cost package has no formula for yet;
+    ``inexact``: a formula that assumed data-dependent values, ``~`` as in ``coverage``).
     """
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import FlopCounterMode
@@ -289,12 +290,14 @@ def flop_rows(model: torch.nn.Module, x: torch.Tensor, cot: torch.Tensor) -> lis
 
     rows: dict[str, dict] = {}
     for func, args, kwargs in calls:
-        row = rows.setdefault(str(func), {"op": str(func), "calls": 0, "bytes": 0, "h100_s": 0.0, "approx": False})
+        row = rows.setdefault(str(func), {"op": str(func), "calls": 0, "bytes": 0, "h100_s": 0.0, "approx": False,
+                                          "inexact": False})
         row["calls"] += 1
         cost = estimate_call(func, args, kwargs, fallback=True)
         row["bytes"] += cost.bytes_read + cost.bytes_written
         row["h100_s"] += runtime(cost, "h100")
         row["approx"] |= cost.source == "fallback"
+        row["inexact"] |= not cost.exact and cost.source != "fallback"
         row["packet"] = str(func.overloadpacket)
     for row in rows.values():
         row["torch_flops"] = torch_only.get(row["packet"], 0)
@@ -318,7 +321,7 @@ def section_costs(out: TextIO) -> bool:
         s.step("render")
     body = [
         (r["op"], r["calls"], _si(r["torch_flops"]), _si(r["our_flops"]),
-         _si(r["bytes"]) + "B", f"{r['h100_s'] * 1e6:.1f}" + ("~" if r["approx"] else ""))
+         _si(r["bytes"]) + "B", ("~" if r["inexact"] else "") + f"{r['h100_s'] * 1e6:.1f}" + ("*" if r["approx"] else ""))
         for r in rows
     ]
     tot = [sum(r[k] for r in rows) for k in ("torch_flops", "our_flops", "bytes", "h100_s")]
@@ -327,7 +330,8 @@ def section_costs(out: TextIO) -> bool:
     print(table(body, head, right=(1, 2, 3, 4, 5)), file=out)
     free = [r["op"] for r in rows if r["torch_flops"] == 0 and r["our_flops"] > 0]
     print(f"FlopCounterMode counts 0 for {len(free)} ops that do arithmetic; with dtensor_rules: {', '.join(free)}", file=out)
-    print("H100 us: roofline (dtensor_rules.costs.runtime); ~ = memory-bound fallback, no formula yet", file=out)
+    print("H100 us: roofline (dtensor_rules.costs.runtime); ~ = assumed data-dependent values (as in `coverage`), "
+          "* = memory-bound fallback, no formula yet", file=out)
     return bool(free)
 
 

@@ -226,6 +226,7 @@ def test_rank_pieces_match_local_shard_offsets(case):
     lay = Layout.from_placements(a[0], len(shape), a[1])
     ctx = PlanContext(mesh, shape, 4, Topology.uniform(len(mesh)))
     ctx.set_target(lay.state)
+    ctx.bound_shape, ctx._iv = shape, {}  # the real (uneven) shape, whichever the bound picked
     for r, coord in enumerate(ctx.coords):
         size, off = local_shard_offsets(lay, mesh, shape, tuple(int(c) for c in coord))
         for d, ms in enumerate(lay.orders):
@@ -239,3 +240,19 @@ def test_kappa_is_one_on_even_shapes_and_grows_on_tiny_dims():
     assert _kappa((2, 2, 2, 2), (64, 128, 128, 64)) == 1.0
     assert 1.0 < _kappa((2, 2, 2, 2), (33, 49, 97, 129)) < 1.5
     assert _kappa((2, 2, 2, 2), (1, 64)) == 16.0  # a size-1 dim scattered over 16 ranks
+
+
+def test_data_bound_geometry_picks_a_valid_stronger_shape():
+    """Shrunk even shape: every largest piece is at most the real one's, so its costs lower-bound ours."""
+    from dtensor_rules.redistribute.planner import _data_bound_geometry
+
+    assert _data_bound_geometry((2, 2, 2, 2), (64, 128)) == ((64, 128), 1.0)
+    assert _data_bound_geometry((2, 2, 2, 2), (33, 49, 97, 129)) == ((32, 48, 96, 128), 1.0)
+    shape, kappa = _data_bound_geometry((2, 2, 2, 2), (3, 5, 97, 129))  # dims < world: shrinking empties them
+    assert shape == (3, 5, 97, 129) and kappa > 1
+    for size in (1, 3, 5, 9, 13, 33, 97):
+        for world in (2, 4, 8, 16):
+            shrunk = world * (size // world)
+            for p in (1, 2, 4, 8, 16):
+                if world % p == 0:
+                    assert shrunk // p <= -(-size // p)

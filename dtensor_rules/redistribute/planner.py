@@ -123,6 +123,7 @@ class PlanContext:
         self.hop_lat = [(s - 1) * topology.latency[m] for m, s in enumerate(self.mesh_shape)]
         self.coords: np.ndarray | None = None  # built on first search (a cache hit never needs it)
         self.kappa = 1.0
+        self.bound_shape = self.shape  # the shape the data bound is computed on (see _data_bound_geometry)
         self._iv: dict[tuple[int, tuple[int, ...]], tuple[np.ndarray, np.ndarray]] = {}
         self._ov: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
         self._dst: State = ((), 0)
@@ -156,7 +157,7 @@ class PlanContext:
         return v
 
     def pieces(self, d: int, ms: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        """(start, length) of every rank's piece of tensor dim ``d`` (ranks in ``self.coords`` order).
+        """(start, length) of every rank's piece of tensor dim ``d`` of ``bound_shape`` (ranks in ``self.coords`` order).
 
         Nested ``torch.chunk`` (DTensor's ``Shard.local_shard_size_and_offset``): chunk ceil(len/n),
         trailing chunks short or empty.
@@ -165,7 +166,7 @@ class PlanContext:
         v = self._iv.get(key)
         if v is None:
             start = np.zeros(len(self.coords), dtype=np.int64)
-            length = np.full(len(self.coords), self.shape[d], dtype=np.int64)
+            length = np.full(len(self.coords), self.bound_shape[d], dtype=np.int64)
             for m in ms:  # major first
                 chunk = -(-length // self.mesh_shape[m])
                 first = self.coords[:, m] * chunk
@@ -181,7 +182,7 @@ class PlanContext:
         self._ov.clear()
         if self.coords is None:
             self.coords = np.indices(self.mesh_shape).reshape(self.mesh_ndim, -1).T
-            self.kappa = _kappa(self.mesh_shape, self.shape)
+            self.bound_shape, self.kappa = _data_bound_geometry(self.mesh_shape, self.shape)
         self._dst = dst
         vols = np.ones(len(self.coords), dtype=np.int64)
         for d, t in enumerate(dst[0]):
@@ -325,10 +326,11 @@ def _need(ctx: PlanContext, orders, reduce_needed: int) -> int:
 
     Potential ``need_r`` = |target piece of r| if a non-trivial Partial absent from the target
     remains, else |target piece \\ current piece| (pieces are boxes, so the overlap is a product of
-    interval overlaps). Chunk, partition and reductions among target Partials never lower it; it is
-    0 at the target. Every collective charges at least ``1/kappa`` of how much it lowers any
-    ``need_r`` (see ``_kappa``; ``kappa`` = 1 when every shard is even), so remaining bandwidth
-    time >= max_r need_r / kappa / fastest bandwidth.
+    interval overlaps), on ``ctx.bound_shape``. Chunk, partition and reductions among target
+    Partials never lower it; it is 0 at the target. Every collective charges at least ``1/kappa``
+    of how much it lowers any ``need_r`` (see ``_kappa``; ``kappa`` = 1 when every shard is even),
+    so remaining bandwidth time >= max_r need_r / kappa / fastest bandwidth. Uneven shapes use a
+    shrunk even shape or the real one with kappa > 1, whichever is stronger (``_data_bound_geometry``).
     """
     if reduce_needed:
         return ctx._dst_vol
@@ -337,6 +339,28 @@ def _need(ctx: PlanContext, orders, reduce_needed: int) -> int:
         ov = ctx.overlap(d, o)
         prod = ov if prod is None else prod * ov
     return 0 if prod is None else int((ctx._dst_vols - prod).max())
+
+
+@functools.lru_cache(maxsize=256)
+def _data_bound_geometry(mesh_shape: tuple[int, ...], shape: tuple[int, ...]) -> tuple[tuple[int, ...], float]:
+    """(shape the data bound is computed on, its kappa): the stronger of two valid choices.
+
+    *Shrunk even shape* ``S'' = world * floor(S / world)`` per dim, kappa 1: every layout's largest
+    piece is ``ceil(S/P)`` vs ``S''/P <= floor(S/P)``, so every move costs at most as much on S''
+    (same move set, cost nondecreasing in bytes) and the cost-to-go on S'' -- bounded by the even
+    data bound -- is a lower bound on the real one. Strength ``prod(S'')/prod(S)`` (0 when a dim is
+    smaller than the world).
+    *The real shape* with ``_kappa``: strength ``1/kappa``.
+    """
+    world = math.prod(mesh_shape)
+    if all(s % world == 0 for s in shape):
+        return shape, 1.0
+    kappa = _kappa(mesh_shape, shape)
+    total = math.prod(shape)
+    shrunk = tuple(world * (s // world) for s in shape)
+    if total and math.prod(shrunk) / total >= 1 / kappa:
+        return shrunk, 1.0
+    return shape, kappa
 
 
 @functools.lru_cache(maxsize=256)
