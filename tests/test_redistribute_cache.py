@@ -72,3 +72,8 @@ def test_clear_plan_cache_forgets_both_levels():
     assert cache.BY_ARGS and cache.BY_LAYOUT
     clear_plan_cache()
     assert not cache.BY_ARGS and not cache.BY_LAYOUT
+
+
+def test_unhashable_junk_gets_the_validation_error_not_a_hash_error():
+    with pytest.raises(ValueError, match="not supported"):
+        plan(MESH, SHAPE, torch.float32, [[0], Shard(1)], DST)

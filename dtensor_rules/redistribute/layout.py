@@ -108,7 +108,10 @@ class Layout:
     def from_placements(placements: Sequence[Placement], tensor_ndim: int, device_order: DeviceOrder = None) -> "Layout":
         """Validate and normalise; memoised on exact-int inputs (a cached ``plan()`` with fresh lists stays cheap)."""
         key = _memo_key(placements, tensor_ndim, device_order)
-        hit = _FROM_PLACEMENTS.get(key) if key is not None else None
+        try:
+            hit = _FROM_PLACEMENTS.get(key) if key is not None else None
+        except TypeError:  # an unhashable entry: let the validation below name it
+            key = hit = None
         if hit is None:
             hit = Layout._from_placements(placements, tensor_ndim, device_order)
             if key is not None:
