@@ -7,11 +7,32 @@
 # (the CPU build), then runs the command.
 set -euo pipefail
 cd "$(dirname "$0")"
+usage() {
+  cat <<'EOF'
+usage: ./run.sh COMMAND [ARGS...]
+
+  demo [--mesh 2x2]                 the MoE demo on a simulated mesh (about a minute)
+  test [PYTEST ARGS...]             the test suite (pytest -n 2)
+  validate --op OP [--mesh 2x2] [--json]
+                                    check ours vs upstream's rule for OP against ground truth
+  status                            which ops have our rule, upstream's, and which is active
+  coverage [--mesh 2x2] [--hardware h100]
+                                    each op of the demo's MoE block: rule source and cost
+
+./run.sh COMMAND --help explains a command. The first run creates .venv and installs
+the package and torch (CPU) there; EXTRAS=test,triton ./run.sh ... adds extras.
+EOF
+}
+cmd=${1:-}
+case "$cmd" in
+  ""|-h|--help|help) usage; exit 0 ;;  # answered before any install
+  demo|test|validate|status|coverage) ;;
+  *) usage >&2; echo "run.sh: error: unknown command '$cmd'" >&2; exit 2 ;;
+esac
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-cmd=${1:-}
 # the demo needs only the package; tests need the [test] extras
 [ "$cmd" = test ] && default_extras=test || default_extras=
 EXTRAS=${EXTRAS-$default_extras}

@@ -3,13 +3,36 @@ and an ordered-mesh redistribute planner.
 
 ``import dtensor_rules`` installs our rules into DTensor's dispatch (policy "override")
 unless the environment variable ``DTENSOR_RULES_NO_INSTALL=1`` is set.
+
+One exception, so the command line answers ``--help`` and typos at once: while
+``python -m dtensor_rules`` (or the ``dtensor-rules`` script) starts, this module defers
+importing torch; the chosen command calls :func:`load` (any missing attribute loads too).
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from typing import Any
 
 MIN_TORCH = (2, 13)
+__version__ = "0.1.0"
+__all__ = [
+    "Rule",
+    "RuleError",
+    "distribute_tensor",
+    "get_rule",
+    "install",
+    "installed",
+    "load",
+    "plan",
+    "redistribute_with_order",
+    "register",
+    "rules",
+    "status",
+    "uninstall",
+]
+_loaded = False
 
 
 def _check_torch() -> None:
@@ -25,37 +48,46 @@ def _check_torch() -> None:
         )
 
 
-_check_torch()
+def load() -> None:
+    """Import torch, register the shipped rules and flop formulas, install (idempotent)."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    _check_torch()
+    from dtensor_rules import ops  # noqa: F401  (registers the shipped rules)
+    from dtensor_rules import registry
+    from dtensor_rules.costs import register_flop_formulas
+    from dtensor_rules.redistribute import distribute_tensor, plan
+    from dtensor_rules.redistribute import redistribute as redistribute_with_order
 
-from dtensor_rules.registry import (  # noqa: E402
-    Rule,
-    RuleError,
-    get_rule,
-    install,
-    installed,
-    register,
-    rules,
-    status,
-    uninstall,
-)
-from dtensor_rules import ops  # noqa: E402,F401  (registers the shipped rules)
-from dtensor_rules.costs import register_flop_formulas as _register_flops  # noqa: E402
-from dtensor_rules.redistribute import distribute_tensor, plan, redistribute  # noqa: E402,F401
+    # ``dtensor_rules.redistribute`` stays the planner *package* (``import dtensor_rules.redistribute as rd``);
+    # its ``redistribute`` function is exposed here under a name that does not shadow it.
+    names = ("Rule", "RuleError", "get_rule", "install", "installed", "register", "rules", "status", "uninstall")
+    globals().update({n: getattr(registry, n) for n in names})
+    globals().update(distribute_tensor=distribute_tensor, plan=plan, redistribute_with_order=redistribute_with_order)
+    register_flop_formulas()  # FlopCounterMode counts ops torch prices at 0 (idempotent; costs.unregister_flop_formulas undoes it)
+    if os.environ.get("DTENSOR_RULES_NO_INSTALL", "") not in ("1", "true", "True"):
+        registry.install()
 
-_register_flops()  # FlopCounterMode counts ops torch prices at 0 (idempotent; costs.unregister_flop_formulas undoes it)
 
-__version__ = "0.1.0"
-__all__ = [
-    "Rule",
-    "RuleError",
-    "get_rule",
-    "install",
-    "installed",
-    "register",
-    "rules",
-    "status",
-    "uninstall",
-]
+def __getattr__(name: str) -> Any:  # only reached for names not loaded yet (the CLI's deferred start)
+    if not _loaded and not name.startswith("__"):
+        load()
+        if name in globals():
+            return globals()[name]
+    raise AttributeError(f"module 'dtensor_rules' has no attribute {name!r}")
 
-if os.environ.get("DTENSOR_RULES_NO_INSTALL", "") not in ("1", "true", "True"):
-    install()
+
+def _cli_starting() -> bool:
+    """True while ``python -m dtensor_rules ...`` locates its __main__ or the console script starts."""
+    if os.path.basename(sys.argv[0] if sys.argv else "") == "dtensor-rules":
+        return True
+    if sys.argv[:1] != ["-m"]:  # runpy sets argv[0] = "-m" only while it imports the -m target's packages
+        return False
+    argv = list(getattr(sys, "orig_argv", ()))
+    return any(a == "-mdtensor_rules" or (a == "-m" and argv[i + 1: i + 2] == ["dtensor_rules"]) for i, a in enumerate(argv))
+
+
+if not _cli_starting():
+    load()

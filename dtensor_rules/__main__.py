@@ -1,4 +1,8 @@
-"""Command line: ``python -m dtensor_rules {demo,validate,status,coverage}``."""
+"""Command line: ``python -m dtensor_rules {demo,validate,status,coverage}``.
+
+The parser is built without importing torch, so ``--help`` and typos answer at once; torch
+and the rules load (``dtensor_rules.load()``) only inside the chosen command.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+
+HARDWARE = ("h100", "h200", "a100", "b200", "cpu")  # dtensor_rules.costs profiles (tests/test_cli.py checks the list)
 
 
 def parse_mesh(text: str) -> tuple[int, ...]:
@@ -19,7 +25,14 @@ def parse_mesh(text: str) -> tuple[int, ...]:
     return shape
 
 
+def _load() -> None:
+    import dtensor_rules
+
+    dtensor_rules.load()
+
+
 def _validate(args: argparse.Namespace) -> int:
+    _load()
     from dtensor_rules.testing import check_samples
     from dtensor_rules.testing.suites import find_op, samples_for
 
@@ -29,16 +42,18 @@ def _validate(args: argparse.Namespace) -> int:
         print(f"error: {e.args[0]}", file=sys.stderr)
         return 2
     report = check_samples(op, samples_for(op), args.mesh, progress=not args.json)
-    print(report.summary())
-    if args.verbose:
-        for c in report.ours.missing_combos:
-            print(f"    ours missing: {c}")
-    if args.json:
+    if args.json:  # stdout is exactly one JSON document
         print(json.dumps(report.to_json()))
+    else:
+        print(report.summary())
+        if args.verbose:
+            for c in report.ours.missing_combos:
+                print(f"    ours missing: {c}")
     return 1 if report.ours.incorrect else 0
 
 
 def _status(args: argparse.Namespace) -> int:
+    _load()
     import dtensor_rules
 
     rows = sorted(((str(op), s["has"], s["active"]) for op, s in dtensor_rules.status().items()))
@@ -49,38 +64,43 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    _load()
     from dtensor_rules.demo import run_demo
 
     return run_demo(args.mesh)
 
 
 def _coverage(args: argparse.Namespace) -> int:
-    try:
-        from dtensor_rules.coverage import coverage_main
-    except ImportError:
-        print("error: the coverage tool is not available in this build", file=sys.stderr)
-        return 2
-    return coverage_main(["--mesh", "x".join(map(str, args.mesh))])
+    _load()
+    from dtensor_rules.coverage import coverage_main
+
+    return coverage_main(["--mesh", "x".join(map(str, args.mesh)), "--hardware", args.hardware])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dtensor_rules", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="run the demo on a simulated mesh")
-    p.add_argument("--mesh", type=parse_mesh, default=(2, 2))
+def build_parser() -> argparse.ArgumentParser:
+    """The whole CLI (no torch import: ``--help`` and typos stay instant)."""
+    parser = argparse.ArgumentParser(prog="python -m dtensor_rules", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,validate,status,coverage}")
+    p = sub.add_parser("demo", help="run the MoE demo on a simulated mesh (about a minute)")
+    p.add_argument("--mesh", type=parse_mesh, default=(2, 2), help="2-D ('ep', 'tp') mesh, default 2x2")
     p.set_defaults(fn=_demo)
     p = sub.add_parser("validate", help="validate ours vs upstream's rule for an op against ground truth")
-    p.add_argument("--op", required=True, help="e.g. fma, cumsum, aten._softmax_backward_data.default")
+    p.add_argument("--op", required=True, help="e.g. fma, cumsum, moe_permute_indices, aten._softmax_backward_data.default")
     p.add_argument("--mesh", type=parse_mesh, default=(2,), help="2, 2x2 or 2x2x2")
-    p.add_argument("--json", action="store_true", help="last line of stdout is one JSON object")
+    p.add_argument("--json", action="store_true", help="print only one JSON document on stdout")
     p.add_argument("-v", "--verbose", action="store_true", help="list the combos our rule misses")
     p.set_defaults(fn=_validate)
     p = sub.add_parser("status", help="which ops have our rule, upstream's, and which is active")
     p.set_defaults(fn=_status)
-    p = sub.add_parser("coverage", help="trace the MoE block and list each op's rule source")
+    p = sub.add_parser("coverage", help="trace the demo's MoE block and list each op's rule source and cost")
     p.add_argument("--mesh", type=parse_mesh, default=(2, 2))
+    p.add_argument("--hardware", choices=HARDWARE, default="h100", help="cost model profile for the cost column")
     p.set_defaults(fn=_coverage)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return args.fn(args)
 
 

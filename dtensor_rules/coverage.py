@@ -317,12 +317,21 @@ def _parse_mesh(text: str) -> tuple[int, ...]:
 
 
 def moe_example() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
-    """The small bf16 MoE block the CLI traces (bf16: ``_grouped_mm``'s meta kernel needs it)."""
-    from dtensor_rules.models.moe import MoE, MoEConfig
+    """The MoE block the CLI traces: the demo's own (``demo.DEMO_CONFIG``, ``permute_impl="kernel"``,
+    the demo's tokens), in bf16 (``_grouped_mm``'s CPU meta kernel needs it), so ``coverage`` and
+    ``demo`` section 2 report on the same model."""
+    from dtensor_rules.demo import demo_inputs, demo_model
 
-    model = MoE(MoEConfig(dim=16, hidden=32, n_experts=4, top_k=2, n_shared=1), dtype=torch.bfloat16)
-    x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-    return model, (x,)
+    return demo_model(torch.bfloat16, permute_impl="kernel"), (demo_inputs(torch.bfloat16)[0],)
+
+
+def describe_moe_example() -> str:
+    """One line naming the traced model, printed by both ``coverage`` and the demo."""
+    from dtensor_rules.demo import DEMO_CONFIG, TOKENS
+
+    c = DEMO_CONFIG
+    return (f"traced: the demo's MoE block (dim {c.dim}, hidden {c.hidden}, {c.n_experts} experts top-{c.top_k}, "
+            f"{c.n_shared} shared, permute_impl='kernel'), bf16, tokens {'x'.join(map(str, TOKENS))}, forward+backward")
 
 
 def coverage_main(
@@ -336,6 +345,8 @@ def coverage_main(
     args = parser.parse_args(argv)
     model, inputs = example()
     report = coverage(model, inputs, mesh_shape=args.mesh, hardware=args.hardware)
+    if example is moe_example:
+        print(describe_moe_example())
     print(report.table())
     for row in report.rows:
         if row.error:

@@ -99,15 +99,15 @@ def section_model(mesh_shape: tuple[int, ...], out: TextIO) -> None:
 
 # --------------------------------------------------------------------------- 2. coverage
 def section_coverage(mesh_shape: tuple[int, ...], out: TextIO) -> bool:
-    from dtensor_rules.coverage import coverage
+    from dtensor_rules.coverage import coverage, describe_moe_example, moe_example
 
     header("2. op coverage of forward+backward: where each op's sharding rule comes from", out)
     with Steps("coverage", 2, out) as s:
         s.step("trace forward+backward (make_fx) and ask each op's rule")
-        # bf16: the CPU meta kernel of _grouped_mm (used by fake tracing) accepts only bf16
-        model = demo_model(torch.bfloat16, permute_impl="kernel")
-        report = coverage(model, (demo_inputs(torch.bfloat16)[0],), mesh_shape=mesh_shape)
+        # the model `python -m dtensor_rules coverage` traces too (bf16: _grouped_mm's CPU meta kernel needs it)
+        report = coverage(*moe_example(), mesh_shape=mesh_shape)
         s.step("render")
+    print(describe_moe_example() + " (the same as `python -m dtensor_rules coverage`)", file=out)
     rows = [(r.name, r.calls, r.rule, r.strategies) for r in report.rows]
     print(table(rows, ("op", "calls", "rule", "strategies on mesh"), right=(1, 3)), file=out)
     counts = {k: sum(r.rule == k for r in report.rows) for k in ("ours", "upstream", "decomp", "handler", "none")}
@@ -123,8 +123,9 @@ def section_coverage(mesh_shape: tuple[int, ...], out: TextIO) -> bool:
 # --------------------------------------------------------------------------- 3. sharded = single
 def _copies(t: torch.Tensor) -> list[torch.Tensor]:
     """A simulated (LocalTensor) full tensor holds one copy per rank; a plain tensor is one copy."""
-    local = getattr(t, "_local_tensors", None)
-    return [local[r] for r in sorted(local)] if local is not None else [t]
+    from dtensor_rules.testing import local_shards
+
+    return local_shards(t)
 
 
 def within_tolerance(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> bool:
@@ -214,7 +215,7 @@ def section_plan(mesh_shape: tuple[int, ...], out: TextIO) -> bool:
     from torch.distributed.tensor import Partial, Shard
 
     from dtensor_rules.redistribute import distribute_tensor, plan, redistribute
-    from dtensor_rules.testing import simulated_mesh
+    from dtensor_rules.testing import local_shards, simulated_mesh
 
     header("4. redistribute to a non-default device order (dtensor_rules.plan)", out)
     src, dst = (Partial(), Shard(0)), (Shard(0), Shard(0))
@@ -237,10 +238,9 @@ def section_plan(mesh_shape: tuple[int, ...], out: TextIO) -> bool:
         x = distribute_tensor(full, mesh, src)
         y = redistribute(x, dst, device_order=(1, 0))
         same = all(torch.equal(c, full) for c in _copies(y.full_tensor()))
-        local = y.to_local()
-        shards = getattr(local, "_local_tensors", {})
+        shards = local_shards(y)  # public helper: every simulated rank's shard, in rank order
         rows = []
-        for r in sorted(shards):
+        for r in range(len(shards)):
             ep, tp = divmod(r, mesh_shape[1])
             first = shards[r][:, 0].div(3).long().tolist()  # row index = value // 3
             rows.append((f"({ep}, {tp})", ", ".join(map(str, first)) or "-"))
@@ -254,7 +254,8 @@ def flop_rows(model: torch.nn.Module, x: torch.Tensor, cot: torch.Tensor) -> lis
     """Per op of forward+backward: calls, torch-only FlopCounterMode flops, with ours, bytes, H100 seconds.
 
     ``bytes``/``h100_s`` come from ``dtensor_rules.costs.estimate_call`` (memory-bound
-    fallback, flagged ``approx``, for ops the cost package has no formula for yet).
+    fallback, flagged ``approx``, for ops the cost package has no formula for yet;
+    ``inexact``: a formula that assumed data-dependent values, ``~`` as in ``coverage``).
     """
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import FlopCounterMode
@@ -289,12 +290,14 @@ def flop_rows(model: torch.nn.Module, x: torch.Tensor, cot: torch.Tensor) -> lis
 
     rows: dict[str, dict] = {}
     for func, args, kwargs in calls:
-        row = rows.setdefault(str(func), {"op": str(func), "calls": 0, "bytes": 0, "h100_s": 0.0, "approx": False})
+        row = rows.setdefault(str(func), {"op": str(func), "calls": 0, "bytes": 0, "h100_s": 0.0, "approx": False,
+                                          "inexact": False})
         row["calls"] += 1
         cost = estimate_call(func, args, kwargs, fallback=True)
         row["bytes"] += cost.bytes_read + cost.bytes_written
         row["h100_s"] += runtime(cost, "h100")
         row["approx"] |= cost.source == "fallback"
+        row["inexact"] |= not cost.exact and cost.source != "fallback"
         row["packet"] = str(func.overloadpacket)
     for row in rows.values():
         row["torch_flops"] = torch_only.get(row["packet"], 0)
@@ -318,7 +321,7 @@ def section_costs(out: TextIO) -> bool:
         s.step("render")
     body = [
         (r["op"], r["calls"], _si(r["torch_flops"]), _si(r["our_flops"]),
-         _si(r["bytes"]) + "B", f"{r['h100_s'] * 1e6:.1f}" + ("~" if r["approx"] else ""))
+         _si(r["bytes"]) + "B", ("~" if r["inexact"] else "") + f"{r['h100_s'] * 1e6:.1f}" + ("*" if r["approx"] else ""))
         for r in rows
     ]
     tot = [sum(r[k] for r in rows) for k in ("torch_flops", "our_flops", "bytes", "h100_s")]
@@ -327,7 +330,8 @@ def section_costs(out: TextIO) -> bool:
     print(table(body, head, right=(1, 2, 3, 4, 5)), file=out)
     free = [r["op"] for r in rows if r["torch_flops"] == 0 and r["our_flops"] > 0]
     print(f"FlopCounterMode counts 0 for {len(free)} ops that do arithmetic; with dtensor_rules: {', '.join(free)}", file=out)
-    print("H100 us: roofline (dtensor_rules.costs.runtime); ~ = memory-bound fallback, no formula yet", file=out)
+    print("H100 us: roofline (dtensor_rules.costs.runtime); ~ = assumed data-dependent values (as in `coverage`), "
+          "* = memory-bound fallback, no formula yet", file=out)
     return bool(free)
 
 

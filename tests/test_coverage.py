@@ -83,3 +83,60 @@ def test_every_moe_op_gets_a_cost_on_each_profile() -> None:
     # the same flops and bytes, priced on a slower device: the launch-bound mm differs in its launch only
     assert costs["aten.mm.default"][0].split(" us ")[1] == costs["aten.mm.default"][1].split(" us ")[1]
     assert costs["aten.mm.default"][0] != costs["aten.mm.default"][1]
+
+
+class TestMoEBlockGolden(TestCase):
+    def test_cli_and_demo_trace_the_same_named_model(self) -> None:
+        """`coverage` and demo section 2 trace one model (`moe_example`) and both outputs name it (#13)."""
+        import io
+
+        from dtensor_rules import demo
+        from dtensor_rules.coverage import describe_moe_example, moe_example
+
+        self.assertExpectedInline(describe_moe_example(), """\
+traced: the demo's MoE block (dim 32, hidden 64, 4 experts top-2, 1 shared, permute_impl='kernel'), bf16, tokens 66x32, forward+backward""")
+        report = coverage(*moe_example(), mesh_shape=(2, 2))
+        rows = "\n".join(f"{r.name}  {r.calls}  {r.rule}" for r in report.rows)
+        self.assertExpectedInline(rows, """\
+aten._grouped_mm.default  9  ours
+aten._to_copy.default  9  upstream
+aten.add.Tensor  8  upstream
+aten.cat.default  1  ours
+aten.cumsum.default  1  ours
+aten.detach.default  2  ours
+aten.div.Tensor  4  upstream
+aten.div.Tensor_mode  1  upstream
+aten.expand.default  2  upstream
+aten.full_like.default  1  upstream
+aten.gather.default  2  ours
+aten.histc.default  1  ours
+aten.index.Tensor  4  ours
+aten.index_put.default  5  ours
+aten.lt.Scalar  1  upstream
+aten.mm.default  12  upstream
+aten.mul.Tensor  12  upstream
+aten.neg.default  1  upstream
+aten.new_full.default  1  upstream
+aten.new_zeros.default  7  upstream
+aten.ones_like.default  1  upstream
+aten.scatter_add.default  2  ours
+aten.sigmoid.default  1  upstream
+aten.sigmoid_backward.default  1  upstream
+aten.silu.default  2  upstream
+aten.silu_backward.default  2  upstream
+aten.slice.Tensor  2  upstream
+aten.sort.stable  1  ours
+aten.squeeze.dim  1  upstream
+aten.sub.Tensor  1  upstream
+aten.sum.dim_IntList  3  upstream
+aten.t.default  20  upstream
+aten.topk.default  1  ours
+aten.transpose.int  6  upstream
+aten.unsqueeze.default  2  upstream
+aten.view.default  7  upstream
+aten.where.self  1  upstream
+dtensor_rules.moe_permute_indices.default  1  ours""")
+        out = io.StringIO()
+        demo.section_coverage((2, 2), out)
+        text = out.getvalue()
+        assert describe_moe_example() in text and f"{len(report.rows)} ops:" in text

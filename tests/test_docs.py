@@ -50,3 +50,37 @@ def test_python_blocks_run(path: Path) -> None:
 def test_relative_links_resolve(path: Path) -> None:
     broken = [t for t in LINK.findall(path.read_text()) if "://" not in t and not (path.parent / t).exists()]
     assert not broken, f"{path.name}: broken links {broken}"
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_no_machine_specific_paths(path: Path) -> None:
+    """Commands must run from any checkout: no absolute paths into one machine's directories."""
+    bad = [ln for ln in path.read_text().splitlines() if re.search(r"(?<![\w.])/(work|home|tmp|Users)/", ln)]
+    assert not bad, f"{path.name}: machine-specific paths: {bad}"
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_named_test_files_exist(path: Path) -> None:
+    named = set(re.findall(r"tests/[\w/]+\.py", path.read_text()))
+    missing = sorted(n for n in named if not (ROOT / n).exists())
+    assert not missing, f"{path.name} names test files that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_documented_cli_commands_parse(path: Path) -> None:
+    """Every `python -m dtensor_rules ...` / `./run.sh ...` line shown is accepted by the CLI's parser."""
+    import shlex
+
+    from dtensor_rules.__main__ import build_parser
+
+    text = re.sub(r"python\s+-m\s+dtensor_rules\s+", "python -m dtensor_rules ", path.read_text())  # wrapped lines
+    commands = re.findall(r"(?:python -m dtensor_rules|\./run\.sh) ([a-z][^`#\n]*)", text)
+    for cmd in commands:
+        argv = [a for a in shlex.split(cmd.strip()) if a not in ("...",)]
+        if not argv or argv[0] in ("test", "COMMAND"):
+            continue
+        argv = [("cumsum" if a in ("NAME", "OP") else a) for a in argv]
+        try:
+            build_parser().parse_args(argv)
+        except SystemExit as e:
+            raise AssertionError(f"{path.name}: documented command rejected by the CLI: {cmd!r}") from e

@@ -174,6 +174,12 @@ def _even_pairs(draw):
 @given(_even_pairs(), st.sampled_from(["two_tier", "upstream_like"]))
 def test_heuristic_is_admissible_on_every_reachable_state(case, topo_name):
     """h(s) <= exact cost-to-go for every state, on even shapes where the data-volume bound applies."""
+    assert PlanContext(case[0], case[1], 4, Topology.uniform(len(case[0]))).even
+    _check_admissible(case, topo_name)
+
+
+def _check_admissible(case, topo_name) -> None:
+    """h(s) <= the exact cost-to-go (Dijkstra) on every reachable state, and plan() finds the optimum."""
     from dtensor_rules.redistribute.planner import heuristic
 
     mesh, shape, a, b = case
@@ -181,9 +187,66 @@ def test_heuristic_is_admissible_on_every_reachable_state(case, topo_name):
     la = Layout.from_placements(a[0], len(shape), a[1])
     lb = Layout.from_placements(b[0], len(shape), b[1])
     ctx = PlanContext(mesh, shape, 4, topo)
-    assert ctx.even
     dist = _dist_to(ctx, la.state, lb.state)
     ctx.set_target(lb.state)
     for s, d in dist.items():
-        assert heuristic(ctx, s, lb.state) <= d * (1 + 1e-9) + 1e-9, (s, d)
+        assert heuristic(ctx, s, lb.state) <= d * (1 + 1e-9) + 1e-9, (s, d, ctx.bound_shape, ctx.kappa)
     assert _cost(mesh, shape, a, b, topo) == pytest.approx(dist[la.state], rel=1e-9, abs=1e-9)
+
+
+@st.composite
+def _uneven_pairs(draw):
+    """Pairs with uneven, tiny (smaller than the mesh), size-1 and empty dims: both uneven bounds get used."""
+    mesh = draw(st.sampled_from([(2, 2), (2, 4), (2, 2, 2)]))
+    ndim = draw(st.integers(1, 3))
+    shape = tuple(draw(st.sampled_from([0, 1, 3, 5, 7, 9, 13, 33])) for _ in range(ndim))
+    return mesh, shape, draw(layout_args(len(mesh), ndim)), draw(layout_args(len(mesh), ndim))
+
+
+@settings(max_examples=20, deadline=None)
+@given(_uneven_pairs(), st.sampled_from(["two_tier", "upstream_like"]))
+def test_heuristic_is_admissible_on_uneven_shapes(case, topo_name):
+    """The uneven data bound (shrunk even shape or kappa-scaled) never overestimates the cost-to-go."""
+    _check_admissible(case, topo_name)
+
+
+@settings(max_examples=20, deadline=None)
+@given(_uneven_pairs())
+def test_rank_pieces_match_local_shard_offsets(case):
+    """The planner's vectorised per-rank pieces are DTensor's nested-chunk shards."""
+    from dtensor_rules.redistribute import local_shard_offsets
+
+    mesh, shape, a, _ = case
+    lay = Layout.from_placements(a[0], len(shape), a[1])
+    ctx = PlanContext(mesh, shape, 4, Topology.uniform(len(mesh)))
+    ctx.set_target(lay.state)
+    ctx.bound_shape, ctx._iv = shape, {}  # the real (uneven) shape, whichever the bound picked
+    for r, coord in enumerate(ctx.coords):
+        size, off = local_shard_offsets(lay, mesh, shape, tuple(int(c) for c in coord))
+        for d, ms in enumerate(lay.orders):
+            start, length = ctx.pieces(d, ms)
+            assert (int(length[r]), int(start[r]) if length[r] else None) == (size[d], off[d] if size[d] else None)
+
+
+def test_kappa_is_one_on_even_shapes_and_grows_on_tiny_dims():
+    from dtensor_rules.redistribute.planner import _kappa
+
+    assert _kappa((2, 2, 2, 2), (64, 128, 128, 64)) == 1.0
+    assert 1.0 < _kappa((2, 2, 2, 2), (33, 49, 97, 129)) < 1.5
+    assert _kappa((2, 2, 2, 2), (1, 64)) == 16.0  # a size-1 dim scattered over 16 ranks
+
+
+def test_data_bound_geometry_picks_a_valid_stronger_shape():
+    """Shrunk even shape: every largest piece is at most the real one's, so its costs lower-bound ours."""
+    from dtensor_rules.redistribute.planner import _data_bound_geometry
+
+    assert _data_bound_geometry((2, 2, 2, 2), (64, 128)) == ((64, 128), 1.0)
+    assert _data_bound_geometry((2, 2, 2, 2), (33, 49, 97, 129)) == ((32, 48, 96, 128), 1.0)
+    shape, kappa = _data_bound_geometry((2, 2, 2, 2), (3, 5, 97, 129))  # dims < world: shrinking empties them
+    assert shape == (3, 5, 97, 129) and kappa > 1
+    for size in (1, 3, 5, 9, 13, 33, 97):
+        for world in (2, 4, 8, 16):
+            shrunk = world * (size // world)
+            for p in (1, 2, 4, 8, 16):
+                if world % p == 0:
+                    assert shrunk // p <= -(-size // p)

@@ -68,6 +68,7 @@ from dtensor_rules._upstream.tensors import (
     mesh_coordinate,
     num_devices_per_host,
     rank_map,
+    rank_tensors,
     set_spec,
     spec_of,
 )

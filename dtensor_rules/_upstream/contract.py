@@ -64,6 +64,7 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement("torch.distributed.device_mesh", "DeviceMesh", attrs=("_sym_get_coordinate",)),
     Requirement("torch.distributed.device_mesh", "_mesh_resources", attrs=("num_devices_per_host",)),
     Requirement("torch.distributed._local_tensor", "LocalTensor"),
+    Requirement("torch.distributed._local_tensor", "LocalTensor", attrs=("_local_tensors",), why="testing.local_shards"),
     Requirement("torch.distributed._local_tensor", "LocalTensorMode"),
     Requirement("torch.distributed._local_tensor", "enabled_local_tensor_mode"),
     Requirement("torch.distributed._local_tensor", "rank_map"),

@@ -28,6 +28,7 @@ __all__ = [
     "mesh_coordinate",
     "num_devices_per_host",
     "rank_map",
+    "rank_tensors",
     "set_spec",
     "spec_of",
 ]
@@ -58,3 +59,8 @@ def num_devices_per_host(device_type: str) -> int:
     from torch.distributed.device_mesh import _mesh_resources
 
     return _mesh_resources.num_devices_per_host(device_type)
+
+
+def rank_tensors(t: Any) -> dict[int, Any] | None:
+    """rank -> that rank's tensor of a simulated (LocalTensor) tensor; None for a plain tensor."""
+    return dict(t._local_tensors) if isinstance(t, LocalTensor) else None

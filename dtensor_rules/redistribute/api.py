@@ -7,7 +7,7 @@ upstream redistributes see the right layout.
 
 from __future__ import annotations
 
-import math
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -25,6 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
+from dtensor_rules.redistribute.cache import BY_ARGS, PlanKey, lookup, remember_args
 from dtensor_rules.redistribute.executor import execute
 from dtensor_rules.redistribute.layout import DeviceOrder, Layout
 from dtensor_rules.redistribute.planner import Plan, PlanContext, build_plan
@@ -45,7 +46,7 @@ def _mesh_shape(mesh: DeviceMesh | Sequence[int]) -> tuple[int, ...]:
 def _plan_layouts(mesh_shape: tuple[int, ...], shape: Sequence[int], dtype: torch.dtype, src: Layout, dst: Layout,
                   topology: Topology | None, max_peak_bytes: int | None) -> Plan:
     if topology is None:
-        topology = Topology.uniform(len(mesh_shape))
+        topology = _uniform(len(mesh_shape))
     if topology.ndim != len(mesh_shape):
         raise ValueError(f"topology has {topology.ndim} mesh dims, mesh {mesh_shape} has {len(mesh_shape)}")
     if src.partial and dst.partial and src.reduce_op != dst.reduce_op:
@@ -54,8 +55,17 @@ def _plan_layouts(mesh_shape: tuple[int, ...], shape: Sequence[int], dtype: torc
     if dropped and src.partial and src.reduce_op != dst.reduce_op:
         raise ValueError("mixed Partial reduce ops along the way are not supported")
     op = src.reduce_op if src.partial else dst.reduce_op
-    ctx = PlanContext(mesh_shape, tuple(shape), torch.empty((), dtype=dtype).element_size(), topology)
+    shape = tuple(shape)
+    hit = lookup(PlanKey(mesh_shape, shape, dtype.itemsize, topology, True, max_peak_bytes, op, src.state, dst.state))
+    if hit is not None:  # no PlanContext needed
+        return hit
+    ctx = PlanContext(mesh_shape, shape, dtype.itemsize, topology)
     return build_plan(ctx, src.state, dst.state, op, max_peak_bytes)
+
+
+@functools.lru_cache(maxsize=8)
+def _uniform(mesh_ndim: int) -> Topology:
+    return Topology.uniform(mesh_ndim)
 
 
 def plan(mesh: DeviceMesh | Sequence[int], shape: Sequence[int], dtype: torch.dtype,
@@ -64,17 +74,26 @@ def plan(mesh: DeviceMesh | Sequence[int], shape: Sequence[int], dtype: torch.dt
          topology: Topology | None = None, max_peak_bytes: int | None = None) -> Plan:
     """Cheapest chain of collectives from (src placements, order) to (dst placements, order).
 
-    ``device_order[i]`` is the order rank of mesh dim ``i`` (lower splits first) or a dict
-    ``{tensor_dim: (major, ..., minor)}``. Raises ``NoPlanError`` if ``max_peak_bytes`` cannot be met.
+    ``src_device_order`` / ``dst_device_order``: ``device_order[i]`` is the order rank of mesh dim
+    ``i`` (lower splits first) or a dict ``{tensor_dim: (major, ..., minor)}``; ``None`` =
+    left-to-right (DTensor's default). Raises ``NoPlanError`` if ``max_peak_bytes`` cannot be met.
+    Repeated calls are cached (``cache.py``); ``clear_plan_cache()`` forgets them.
     """
+    hit = BY_ARGS.get((id(src_placements), id(dst_placements)))
+    if (hit is not None and hit[0] is mesh and hit[1] is shape and hit[2] is dtype and hit[3] is src_device_order
+            and hit[4] is dst_device_order and hit[5] is topology and hit[6] is max_peak_bytes):
+        return hit[7]  # the very same (immutable) argument objects as a previous call: see cache.py
     mesh_shape = _mesh_shape(mesh)
-    shape = tuple(shape)
     for name, pl in (("src_placements", src_placements), ("dst_placements", dst_placements)):
         if len(tuple(pl)) != len(mesh_shape):
             raise ValueError(f"{name} has {len(tuple(pl))} entries for a {len(mesh_shape)}-D mesh {mesh_shape}")
-    src = Layout.from_placements(src_placements, len(shape), src_device_order)
-    dst = Layout.from_placements(dst_placements, len(shape), dst_device_order)
-    return _plan_layouts(mesh_shape, shape, dtype, src, dst, topology, max_peak_bytes)
+    ndim = len(tuple(shape))
+    src = Layout.from_placements(src_placements, ndim, src_device_order)
+    dst = Layout.from_placements(dst_placements, ndim, dst_device_order)
+    p = _plan_layouts(mesh_shape, shape, dtype, src, dst, topology, max_peak_bytes)
+    remember_args((mesh, shape, dtype, src_device_order, dst_device_order, topology, max_peak_bytes),
+                  src_placements, dst_placements, p)
+    return p
 
 
 def layout_of(spec: DTensorSpec) -> Layout:

@@ -106,6 +106,22 @@ class Layout:
 
     @staticmethod
     def from_placements(placements: Sequence[Placement], tensor_ndim: int, device_order: DeviceOrder = None) -> "Layout":
+        """Validate and normalise; memoised on exact-int inputs (a cached ``plan()`` with fresh lists stays cheap)."""
+        key = _memo_key(placements, tensor_ndim, device_order)
+        try:
+            hit = _FROM_PLACEMENTS.get(key) if key is not None else None
+        except TypeError:  # an unhashable entry: let the validation below name it
+            key = hit = None
+        if hit is None:
+            hit = Layout._from_placements(placements, tensor_ndim, device_order)
+            if key is not None:
+                if len(_FROM_PLACEMENTS) >= 4096:
+                    _FROM_PLACEMENTS.clear()
+                _FROM_PLACEMENTS[key] = hit
+        return hit
+
+    @staticmethod
+    def _from_placements(placements: Sequence[Placement], tensor_ndim: int, device_order: DeviceOrder) -> "Layout":
         placements = _check_placements(placements, len(placements), tensor_ndim)
         orders = normalize_orders(placements, device_order, tensor_ndim)
         partial = 0
@@ -143,6 +159,39 @@ class Layout:
 
     def __str__(self) -> str:
         return format_state(self.state, self.mesh_ndim)
+
+
+_FROM_PLACEMENTS: dict[tuple, Layout] = {}
+
+
+def _ints(xs: object) -> tuple[int, ...] | None:
+    t = tuple(xs) if isinstance(xs, (tuple, list)) else None
+    return t if t is not None and all(type(x) is int for x in t) else None
+
+
+def _memo_key(placements: Sequence[Placement], tensor_ndim: int, device_order: DeviceOrder) -> tuple | None:
+    """Hashable key equal only for inputs that normalise identically; None = do not memoise.
+
+    Only exact ints are accepted in orders, so a float or bool that the validation would reject
+    can never hit an entry made by an equal-comparing int.
+    """
+    if not isinstance(placements, (tuple, list)) or type(tensor_ndim) is not int:
+        return None
+    if device_order is None:
+        order: object = None
+    elif isinstance(device_order, Mapping):
+        items = []
+        for d, ms in device_order.items():
+            ms = _ints(ms)
+            if type(d) is not int or ms is None:
+                return None
+            items.append((d, ms))
+        order = ("map", tuple(sorted(items)))
+    else:
+        order = _ints(device_order)
+        if order is None:
+            return None
+    return (tuple(placements), tensor_ndim, order)
 
 
 def format_state(state: State, mesh_ndim: int) -> str:

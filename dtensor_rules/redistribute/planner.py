@@ -28,15 +28,16 @@ over a suffix covers every "non-last" mesh dim a single collective can legally t
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from dtensor_rules.redistribute.cache import PlanKey, clear_plan_cache, lookup, store
 from dtensor_rules.redistribute.layout import State, format_state
 from dtensor_rules.redistribute.topology import _GIB, Topology
 
@@ -113,17 +114,20 @@ class PlanContext:
                                       topology.cost("all_gather", n, bw, lat, self.full_bytes * n / world)))
             self.lb_reduce.append(min(topology.cost("reduce_scatter", n, bw, lat, self.full_bytes * n / world),
                                       topology.cost("all_reduce", n, bw, lat, self.full_bytes * n / world)))
-        # data-volume bound (see ``heuristic``): valid when every shard is exactly even
+        # data-volume bound (see ``heuristic``/``_need``): per-rank pieces, scaled by ``kappa`` (1 when even)
         self.nontrivial = sum(1 << m for m, s in enumerate(self.mesh_shape) if s > 1)
         self.even = all(s % world == 0 for s in self.shape)
         live = [m for m in range(self.mesh_ndim) if self.mesh_shape[m] > 1]
         self.sec_per_elem = (itemsize / _GIB / max(topology.bandwidth[m] for m in live) * 1e6) if live else 0.0
         self.live = live
         self.hop_lat = [(s - 1) * topology.latency[m] for m, s in enumerate(self.mesh_shape)]
-        self.coords = np.indices(self.mesh_shape).reshape(self.mesh_ndim, -1).T if self.even else None
-        self._iv: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
+        self.coords: np.ndarray | None = None  # built on first search (a cache hit never needs it)
+        self.kappa = 1.0
+        self.bound_shape = self.shape  # the shape the data bound is computed on (see _data_bound_geometry)
+        self._iv: dict[tuple[int, tuple[int, ...]], tuple[np.ndarray, np.ndarray]] = {}
         self._ov: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
         self._dst: State = ((), 0)
+        self._dst_vols = np.zeros(1, dtype=np.int64)
         self._dst_vol = 0
 
     def group(self, dims: tuple[int, ...]) -> tuple[int, float, float]:
@@ -152,15 +156,23 @@ class PlanContext:
             self._bytes[orders] = v
         return v
 
-    def offsets(self, d: int, ms: tuple[int, ...]) -> np.ndarray:
-        """Start of every rank's piece of tensor dim ``d`` (ranks in ``self.coords`` order), even case only."""
+    def pieces(self, d: int, ms: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """(start, length) of every rank's piece of tensor dim ``d`` of ``bound_shape`` (ranks in ``self.coords`` order).
+
+        Nested ``torch.chunk`` (DTensor's ``Shard.local_shard_size_and_offset``): chunk ceil(len/n),
+        trailing chunks short or empty.
+        """
         key = (d, ms)
         v = self._iv.get(key)
         if v is None:
-            idx = np.zeros(len(self.coords), dtype=np.int64)
-            for m in ms:  # major first: mixed-radix index of this rank's piece
-                idx = idx * self.mesh_shape[m] + self.coords[:, m]
-            v = self._iv[key] = idx * self.side(d, ms)
+            start = np.zeros(len(self.coords), dtype=np.int64)
+            length = np.full(len(self.coords), self.bound_shape[d], dtype=np.int64)
+            for m in ms:  # major first
+                chunk = -(-length // self.mesh_shape[m])
+                first = self.coords[:, m] * chunk
+                start = start + np.minimum(first, length)
+                length = np.clip(length - first, 0, chunk)
+            v = self._iv[key] = (start, length)
         return v
 
     def set_target(self, dst: State) -> None:
@@ -168,18 +180,23 @@ class PlanContext:
         self._h.clear()
         self._hc.clear()
         self._ov.clear()
-        if self.even:
-            self._dst = dst
-            self._dst_vol = self.local_bytes(dst[0]) // self.itemsize
+        if self.coords is None:
+            self.coords = np.indices(self.mesh_shape).reshape(self.mesh_ndim, -1).T
+            self.bound_shape, self.kappa = _data_bound_geometry(self.mesh_shape, self.shape)
+        self._dst = dst
+        vols = np.ones(len(self.coords), dtype=np.int64)
+        for d, t in enumerate(dst[0]):
+            vols = vols * self.pieces(d, t)[1]
+        self._dst_vols = vols
+        self._dst_vol = int(vols.max())
 
     def overlap(self, d: int, ms: tuple[int, ...]) -> np.ndarray:
         """Per rank: length of the overlap of its current and target pieces of tensor dim ``d``."""
         key = (d, ms)
         v = self._ov.get(key)
         if v is None:
-            t = self._dst[0][d]
-            a, b = self.offsets(d, ms), self.offsets(d, t)
-            v = np.minimum(a + self.side(d, ms), b + self.side(d, t)) - np.maximum(a, b)
+            (a, la), (b, lb) = self.pieces(d, ms), self.pieces(d, self._dst[0][d])
+            v = np.minimum(a + la, b + lb) - np.maximum(a, b)
             v = self._ov[key] = np.maximum(v, 0, out=v)
         return v
 
@@ -262,8 +279,8 @@ def heuristic(ctx: PlanContext, state: State, dst: State) -> float:
         return h
     hc, lat, reduce_needed = _cheap_bound(ctx, state, dst)
     h = hc
-    if lat is not None and ctx.even:
-        h = max(h, lat + _need(ctx, state[0], reduce_needed) * ctx.sec_per_elem)
+    if lat is not None:
+        h = max(h, lat + _need(ctx, state[0], reduce_needed) * ctx.sec_per_elem / ctx.kappa)
     ctx._h[state] = h
     return h
 
@@ -305,14 +322,15 @@ def _cheap_bound(ctx: PlanContext, state: State, dst: State) -> tuple[float, flo
 
 
 def _need(ctx: PlanContext, orders, reduce_needed: int) -> int:
-    """Largest, over ranks, number of target elements a rank still lacks (even shards only).
+    """Largest, over ranks, number of target elements a rank still lacks.
 
     Potential ``need_r`` = |target piece of r| if a non-trivial Partial absent from the target
-    remains, else |target piece \\ current piece|. In every move the elements a rank is charged for
-    (``(n-1)/n * B`` for all_gather (B out) / all_to_all (B in), ``(n-1)/n * B_in = (n-1) * B_out``
-    for reduce_scatter, ``2(n-1)/n * B`` for all_reduce; all ranks' shards are equal here) are at
-    least how much ``need_r`` drops; chunk, partition and reductions among target Partials never
-    lower it; it is 0 at the target. So remaining bandwidth time >= max_r need_r / fastest bandwidth.
+    remains, else |target piece \\ current piece| (pieces are boxes, so the overlap is a product of
+    interval overlaps), on ``ctx.bound_shape``. Chunk, partition and reductions among target
+    Partials never lower it; it is 0 at the target. Every collective charges at least ``1/kappa``
+    of how much it lowers any ``need_r`` (see ``_kappa``; ``kappa`` = 1 when every shard is even),
+    so remaining bandwidth time >= max_r need_r / kappa / fastest bandwidth. Uneven shapes use a
+    shrunk even shape or the real one with kappa > 1, whichever is stronger (``_data_bound_geometry``).
     """
     if reduce_needed:
         return ctx._dst_vol
@@ -320,7 +338,67 @@ def _need(ctx: PlanContext, orders, reduce_needed: int) -> int:
     for d, o in enumerate(orders):
         ov = ctx.overlap(d, o)
         prod = ov if prod is None else prod * ov
-    return ctx._dst_vol - int(prod.min())
+    return 0 if prod is None else int((ctx._dst_vols - prod).max())
+
+
+@functools.lru_cache(maxsize=256)
+def _data_bound_geometry(mesh_shape: tuple[int, ...], shape: tuple[int, ...]) -> tuple[tuple[int, ...], float]:
+    """(shape the data bound is computed on, its kappa): the stronger of two valid choices.
+
+    *Shrunk even shape* ``S'' = world * floor(S / world)`` per dim, kappa 1: every layout's largest
+    piece is ``ceil(S/P)`` vs ``S''/P <= floor(S/P)``, so every move costs at most as much on S''
+    (same move set, cost nondecreasing in bytes) and the cost-to-go on S'' -- bounded by the even
+    data bound -- is a lower bound on the real one. Strength ``prod(S'')/prod(S)`` (0 when a dim is
+    smaller than the world).
+    *The real shape* with ``_kappa``: strength ``1/kappa``.
+    """
+    world = math.prod(mesh_shape)
+    if all(s % world == 0 for s in shape):
+        return shape, 1.0
+    kappa = _kappa(mesh_shape, shape)
+    total = math.prod(shape)
+    shrunk = tuple(world * (s // world) for s in shape)
+    if total and math.prod(shrunk) / total >= 1 / kappa:
+        return shrunk, 1.0
+    return shape, kappa
+
+
+@functools.lru_cache(maxsize=256)
+def _kappa(mesh_shape: tuple[int, ...], shape: tuple[int, ...]) -> float:
+    """Largest ratio (elements one collective lowers some rank's ``need_r`` by) / (elements it is charged).
+
+    With ``s`` the largest piece of a tensor dim before the move (``ceil(S/P)``, ``P`` the product
+    of the mesh dims already splitting it, disjoint from the group ``g`` of size ``n``):
+
+    - all_gather: a rank gains its parent piece minus its own, at most ``min(s, (n-1)*ceil(s/n))``
+      elements per unit of the other dims; charged ``(n-1)/n * s``.
+    - all_to_all (gather d, scatter e): gains at most ``(n-1)*s_d * ceil(s_e/n)``; charged
+      ``(n-1)/n * s_d * s_e`` -> ratio ``n*ceil(s_e/n)/s_e``.
+    - reduce_scatter / all_reduce ending the last needed reduction: ratio at most the all_to_all
+      one divided by ``n-1`` / at most 1.
+
+    All ratios are 1 when every split is even, so even shapes keep the full-strength bound.
+    """
+    nm = len(mesh_shape)
+    prods = [math.prod(mesh_shape[m] for m in range(nm) if mask >> m & 1) for mask in range(1 << nm)]
+    full = (1 << nm) - 1
+    k = 1.0
+    for g in range(1, 1 << nm):
+        n = prods[g]
+        if n == 1:
+            continue
+        rest = full & ~g
+        sub = rest
+        while True:  # every set of mesh dims disjoint from g already splitting the dim
+            for size in shape:
+                s = -(-size // prods[sub])
+                if s:
+                    c = -(-s // n)
+                    k = max(k, min(s, (n - 1) * c) * n / ((n - 1) * s), n * c / s)
+            if sub == 0:
+                break
+            sub = (sub - 1) & rest
+    return k
 
 
 def search(ctx: PlanContext, src: State, dst: State, max_peak_bytes: int | None = None) -> tuple[list, int]:
@@ -375,24 +453,15 @@ def search(ctx: PlanContext, src: State, dst: State, max_peak_bytes: int | None 
     raise NoPlanError("no plan found between these layouts")  # pragma: no cover - the move set is connected
 
 
-_CACHE: "OrderedDict[tuple, Plan]" = OrderedDict()
-_CACHE_SIZE = 4096
-
-
-def clear_plan_cache() -> None:
-    _CACHE.clear()
+def plan_key(ctx: PlanContext, src: State, dst: State, reduce_op: str, max_peak_bytes: int | None) -> PlanKey:
+    return PlanKey(ctx.mesh_shape, ctx.shape, ctx.itemsize, ctx.topology, ctx.flatten, max_peak_bytes, reduce_op, src, dst)
 
 
 def build_plan(ctx: PlanContext, src: State, dst: State, reduce_op: str, max_peak_bytes: int | None) -> Plan:
-    """Search (or fetch from cache) and package a Plan.
-
-    The key holds everything the answer depends on: mesh shape, topology, the exact shape and
-    itemsize (local sizes), flattening, cap, reduce op, src and dst. Nothing else is shared.
-    """
-    key = (ctx.mesh_shape, ctx.topology, ctx.shape, ctx.itemsize, ctx.flatten, max_peak_bytes, reduce_op, src, dst)
-    hit = _CACHE.get(key)
+    """Search (or fetch from the layout cache, see ``cache.py``) and package a Plan."""
+    key = plan_key(ctx, src, dst, reduce_op, max_peak_bytes)
+    hit = lookup(key)
     if hit is not None:
-        _CACHE.move_to_end(key)
         return hit
     path, expanded = search(ctx, src, dst, max_peak_bytes)
     steps = []
@@ -403,7 +472,5 @@ def build_plan(ctx: PlanContext, src: State, dst: State, reduce_op: str, max_pea
         total += c
         peak = max(peak, ctx.local_bytes(ns[0]))
     plan = Plan(ctx.mesh_shape, ctx.shape, src, dst, tuple(steps), total, peak, reduce_op, expanded)
-    _CACHE[key] = plan
-    if len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
+    store(key, plan)
     return plan

@@ -38,6 +38,7 @@ def _load() -> None:
         gather_scatter,
         grouped_mm,
         indexing,
+        moe_index,
         pointwise,
         scan,
         slicing,
@@ -57,6 +58,16 @@ def samples_for(op: OpOverload) -> Samples:
     return _SUITES[op]()
 
 
+def _ruled_without_suite(name: str) -> str | None:
+    """The registered op ``name`` spells, when it has a rule but no suite (e.g. an ``.out`` variant)."""
+    from dtensor_rules import registry
+
+    for op in registry.rules():
+        if name in (str(op), op.name().replace("::", ".")):
+            return str(op)
+    return None
+
+
 def find_op(name: str) -> OpOverload:
     """Resolve 'cumsum', 'aten.cumsum', 'aten.cumsum.default' or 'prims.fma' to an op with a suite."""
     _load()
@@ -66,5 +77,10 @@ def find_op(name: str) -> OpOverload:
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        raise KeyError(f"unknown op {name!r}; known: {', '.join(sorted(map(str, _SUITES)))}")
+        known = ", ".join(sorted(map(str, _SUITES)))
+        ruled = _ruled_without_suite(name)
+        if ruled:
+            raise KeyError(f"{ruled} has our rule (see `status`) but no sample suite, so `validate` cannot run it; "
+                           f"ops with suites: {known}")
+        raise KeyError(f"unknown op {name!r}; known: {known}")
     raise KeyError(f"{name!r} is ambiguous: {', '.join(sorted(map(str, matches)))}")

@@ -1,0 +1,32 @@
+"""The planner package is importable under its documented path; no top-level name shadows it (#13)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import dtensor_rules
+
+
+def test_package_path_is_the_package_not_the_function():
+    import dtensor_rules.redistribute as rd
+
+    assert isinstance(rd, types.ModuleType)
+    assert isinstance(dtensor_rules.redistribute, types.ModuleType)
+    assert callable(rd.plan) and callable(rd.redistribute) and callable(rd.distribute_tensor)
+
+
+def test_top_level_functions_are_the_package_functions():
+    from dtensor_rules.redistribute import distribute_tensor, plan, redistribute
+
+    assert dtensor_rules.redistribute_with_order is redistribute
+    assert dtensor_rules.plan is plan and dtensor_rules.distribute_tensor is distribute_tensor
+
+
+def test_fresh_interpreter_import_as_works():
+    """``import dtensor_rules.redistribute as rd; rd.plan`` in a clean process (what the docs title promises)."""
+    code = "import dtensor_rules.redistribute as rd; print(rd.plan.__module__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "dtensor_rules.redistribute.api"
