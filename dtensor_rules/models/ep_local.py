@@ -120,4 +120,4 @@ def ep_routed_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor,
     """
     d = ep_dispatch(x, idx, n_experts, alignment, group)
     y = local_experts(d.x_grouped, d.offs, w1, w3, w2, gmm_dtype)
-    return (ep_combine(y, d, weights, x.shape[0], group).to(x.dtype),)
+    return ep_combine(y, d, weights, x.shape[0], group).to(x.dtype)

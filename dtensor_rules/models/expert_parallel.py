@@ -4,7 +4,8 @@
 only on whole experts (a split of the expert dim would move the group boundaries), so
 it all-gathers the experts and the tokens: every rank computes every expert.
 :func:`expert_parallel` places the parameters the same way and runs the routed-expert
-region under ``local_map`` instead: each rank sends its tokens to the experts' owners
+region as a local region instead (``local_map``'s contract, see
+:func:`routed_experts_ep`): each rank sends its tokens to the experts' owners
 (``dtensor_rules.models.ep_local``), multiplies by its LOCAL experts only and sends the
 results back. The router, the shared expert and the combine's inputs stay ordinary
 DTensor code under the package's rules.
@@ -23,8 +24,8 @@ tokens x (T, D)     Shard(0)     Replicate    data parallel over ep
 region output       Shard(0)     Partial      each tp rank sums over its hidden slice
 ==================  ===========  ===========  ===========================================
 
-Gradients come back in the parameters' own layouts (``local_map`` wraps each rank's
-local gradient): ``w1.grad`` is ``(Shard(0), Shard(2))``, so per-rank expert parameter
+Gradients come back in the parameters' own layouts (the region hands each rank's
+local gradient back with the parameter's placements): ``w1.grad`` is ``(Shard(0), Shard(2))``, so per-rank expert parameter
 and gradient bytes are 1/(ep*tp) of the total. The token and routing-weight gradients
 are ``Partial`` over tp (each tp rank contributes its hidden slice) and DTensor reduces
 them where they meet the replicated router.
@@ -44,7 +45,6 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.experimental import local_map
 
 from dtensor_rules.models.ep_local import ep_routed_experts
 from dtensor_rules.models.moe import MoE
@@ -82,33 +82,31 @@ def _check_mesh(mesh: DeviceMesh, ep_dim: str, tp_dim: str | None) -> EPMesh:
 
 
 def routed_experts_ep(moe: MoE, ep: EPMesh, x: DTensor, idx: DTensor, weights: DTensor) -> DTensor:
-    """The routed experts of ``moe`` on DTensor tokens by expert parallelism (a ``local_map`` region).
+    """The routed experts of ``moe`` on DTensor tokens by expert parallelism (a local region).
 
     ``x`` (T, dim), ``idx`` (T, k) and ``weights`` (T, k) are ``Shard(0)`` on ep and
     ``Replicate`` on tp (redistributed to that if not); the result (T, dim) is
     ``Shard(0)`` on ep and ``Partial`` on tp (``Replicate`` without a tp dim).
+
+    The same contract as ``local_map(ep_routed_experts, out_placements, in_placements,
+    in_grad_placements)``, written out with ``to_local``/``from_local`` because
+    ``local_map`` infers the output's global shape as ``local rows * ep`` (even shards):
+    with T not divisible by ep that shape is wrong (and differs between ranks).
     """
     c = moe.config
     tokens = _placements(ep, Shard(0), Replicate())
-    token_grads = _placements(ep, Shard(0), Partial())
-    region = functools.partial(
-        ep_routed_experts,
+    token_grads = _placements(ep, Shard(0), Partial())  # each tp rank's gradient is its hidden slice's part
+    local = [t.redistribute(ep.mesh, tokens).to_local(grad_placements=token_grads) for t in (x, weights)]
+    idx_local = idx.redistribute(ep.mesh, tokens).to_local()
+    w_local = [w.to_local(grad_placements=w.placements) for w in (moe.w1, moe.w3, moe.w2)]
+    out = ep_routed_experts(
+        local[0], idx_local, local[1], *w_local,
         n_experts=c.n_experts,
         alignment=moe.alignment(c.gmm_dtype or x.dtype),
         group=ep.mesh.get_group(ep.ep_dim),
         gmm_dtype=c.gmm_dtype,
     )
-    w1, w3, w2 = moe.w1, moe.w3, moe.w2
-    mapped = local_map(
-        region,
-        out_placements=(token_grads,),  # one output: a 1-tuple of placements
-        in_placements=(tokens, tokens, tokens, w1.placements, w3.placements, w2.placements),
-        in_grad_placements=(token_grads, tokens, token_grads, w1.placements, w3.placements, w2.placements),
-        device_mesh=ep.mesh,
-        redistribute_inputs=True,
-    )
-    (out,) = mapped(x, idx, weights, w1, w3, w2)
-    return out
+    return DTensor.from_local(out, ep.mesh, token_grads, run_check=False, shape=x.shape, stride=x.stride())
 
 
 def expert_parallel(module: MoE, mesh: DeviceMesh, ep_dim: str = "ep", tp_dim: str | None = "tp") -> MoE:
