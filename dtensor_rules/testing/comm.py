@@ -40,6 +40,7 @@ class CommBytesMode(CommDebugMode):
         super().__init__()
         self.bytes: dict[str, dict[str, int]] = {"forward": defaultdict(int), "backward": defaultdict(int)}
         self.calls: dict[str, dict[str, int]] = {"forward": defaultdict(int), "backward": defaultdict(int)}
+        self.largest: dict[str, int] = defaultdict(int)  # collective -> largest single call's bytes
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         before = sum(self.comm_counts.values())
@@ -47,8 +48,10 @@ class CommBytesMode(CommDebugMode):
         if out is not NotImplemented and sum(self.comm_counts.values()) > before:
             phase = "backward" if self.advanced_module_tracker.is_bw else "forward"
             name = collective_name(func)
-            self.bytes[phase][name] += max(_bytes((args, kwargs)), _bytes(out))
+            size = max(_bytes((args, kwargs)), _bytes(out))
+            self.bytes[phase][name] += size
             self.calls[phase][name] += 1
+            self.largest[name] = max(self.largest[name], size)
         return out
 
     def total_bytes(self, collective: str | None = None) -> int:
