@@ -5,7 +5,8 @@ path needs their volume too. For every collective call this rank makes, the mode
 adds the bytes of the larger of its tensor input and its tensor output (an
 all_gather counts the gathered result, a reduce_scatter its full input, an
 all_reduce its tensor, an all_to_all the larger of what it sends and receives), and
-splits forward from backward with ``CommDebugMode``'s own module tracker.
+splits forward from backward with ``CommDebugMode``'s own module tracker. On a simulated
+mesh (``LocalTensorMode``) it counts rank 0's pieces.
 """
 
 from __future__ import annotations
@@ -30,7 +31,15 @@ def collective_name(func: Any) -> str:
 
 
 def _bytes(tree: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
+    """Bytes of the tensors in ``tree``; of rank 0's piece for a simulated (``LocalTensor``) tensor."""
+    total = 0
+    for t in tree_leaves(tree):
+        if not isinstance(t, torch.Tensor):
+            continue
+        local = getattr(t, "_local_tensors", None)  # simulated mesh: one piece per rank, sizes may differ
+        t = local[min(local)] if local else t
+        total += t.numel() * t.element_size()
+    return total
 
 
 class CommBytesMode(CommDebugMode):
