@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 import dtensor_rules  # noqa: F401
@@ -109,3 +109,47 @@ def test_bad_mesh_and_sizes_name_the_fix() -> None:
     with simulated_mesh((2, 2), names=("dp", "ep")) as mesh, pytest.raises(ValueError, match="fully_shard"):
         expert_parallel(copy.deepcopy(model), mesh)
     assert math.prod((2, 2)) == 4
+
+
+
+
+@settings(max_examples=8, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(ep=st.sampled_from([2, 4]), T=st.integers(1, 12), k=st.integers(1, 2), seed=st.integers(0, 2**16))
+def test_byte_formulas_match_what_one_step_measures(ep: int, T: int, k: int, seed: int) -> None:
+    """``ep_step_cost`` bytes against ``CommBytesMode`` (rank 0) for one forward; no shrinking (slow here)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    from dtensor_rules.models.ep_costs import ep_step_cost
+    from dtensor_rules.testing.comm import CommBytesMode
+
+    E, D, H = 2 * ep, 8, 16
+    model = MoE(MoEConfig(dim=D, hidden=H, n_experts=E, top_k=k, alignment=4))
+    model.init_weights(seed)
+    x = torch.randn(T, D, generator=torch.Generator().manual_seed(seed))
+    idx, _ = model.route(x)  # the gate is replicated: the sharded run routes every token the same way
+    sent = len(range(T)[: -(-T // ep)]) * k  # Shard(0): rank 0 holds the first ceil(T / ep) tokens
+    received = int((idx < E // ep).sum())  # rank 0 owns experts [0, E / ep)
+    with simulated_mesh((ep,), names=("ep",)) as mesh:
+        ep_model = expert_parallel(model, mesh, tp_dim=None)
+        xd = distribute_tensor(x, mesh, token_placements(mesh, tp_dim=None))
+        with CommBytesMode() as comm:
+            ep_model(xd)
+    want = ep_step_cost(E, sent, received, 0, D, H, 4)
+    assert comm.bytes["forward"]["all_to_all"] == want.count_bytes + want.token_bytes, (comm.bytes, want)
+
+
+def test_flop_formula_matches_flop_counter() -> None:
+    """``ep_step_cost`` expert flops against FlopCounterMode (the package's _grouped_mm formula) on one rank's experts."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from dtensor_rules.models.ep_costs import ep_step_cost
+    from dtensor_rules.models.ep_local import local_experts
+
+    E_l, D, H = 3, 8, 16
+    offs = torch.tensor([8, 8, 24], dtype=torch.int32)  # an empty middle expert; 24 padded rows
+    g = torch.Generator().manual_seed(0)
+    w1, w3, w2 = torch.randn(E_l, D, H, generator=g), torch.randn(E_l, D, H, generator=g), torch.randn(E_l, H, D, generator=g)
+    with FlopCounterMode(display=False) as flops:
+        local_experts(torch.randn(30, D, generator=g), offs, w1, w3, w2)
+    got = flops.get_flop_counts()["Global"][torch.ops.aten._grouped_mm]
+    assert got == ep_step_cost(3 * E_l, 0, 0, 24, D, H, 4).expert_flops == 6 * 24 * D * H
