@@ -17,6 +17,9 @@ import torch
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
+# private torch internals used here, in one block (LocalTensor: build per-rank counts by hand)
+from torch.distributed._local_tensor import LocalTensor
+
 import dtensor_rules  # noqa: F401
 from dtensor_rules.models import MoE, MoEConfig, expert_parallel, token_placements
 from dtensor_rules.models.ep_local import exchange_counts
@@ -90,8 +93,6 @@ def test_count_exchange_is_a_transpose(ep: int, per_rank: int, seed: int) -> Non
     E = ep * per_rank
     counts = torch.randint(0, 5, (ep, E), generator=torch.Generator().manual_seed(seed))
     with simulated_mesh((ep,), names=("ep",)) as mesh:
-        from torch.distributed._local_tensor import LocalTensor
-
         local = LocalTensor({r: counts[r].clone() for r in range(ep)})
         got = exchange_counts(local, mesh.get_group("ep"))
         per = {r: got._local_tensors[r] for r in range(ep)}
