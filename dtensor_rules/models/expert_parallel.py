@@ -25,8 +25,9 @@ region output       Shard(0)     Partial      each tp rank sums over its hidden 
 ==================  ===========  ===========  ===========================================
 
 Gradients come back in the parameters' own layouts (the region hands each rank's
-local gradient back with the parameter's placements): ``w1.grad`` is ``(Shard(0), Shard(2))``, so per-rank expert parameter
-and gradient bytes are 1/(ep*tp) of the total. The token and routing-weight gradients
+local gradient back with the parameter's placements): ``w1.grad`` is
+``(Shard(0), Shard(2))``, so per-rank expert parameter and gradient bytes are
+1/(ep*tp) of the total. The token and routing-weight gradients
 are ``Partial`` over tp (each tp rank contributes its hidden slice) and DTensor reduces
 them where they meet the replicated router.
 
