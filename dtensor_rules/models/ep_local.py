@@ -71,7 +71,8 @@ def ep_dispatch(x: torch.Tensor, idx: torch.Tensor, n_experts: int, alignment: i
     k = idx.shape[-1]
     flat = idx.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=n_experts).to(torch.int64)
+    # not bincount: on CUDA it reads max(flat) on the host to size its output (a sync)
+    counts = flat.new_zeros(n_experts).scatter_add_(0, flat, torch.ones_like(flat))
     recv_counts = exchange_counts(counts, group)
     splits = torch.cat([counts.view(ep, E_l).sum(1), recv_counts.view(ep, E_l).sum(1)]).tolist()  # the one D2H sync
     send_splits, recv_splits = splits[:ep], splits[ep:]
