@@ -1,6 +1,6 @@
 """``python -m dtensor_rules demo``: the MoE block on a simulated 2-D mesh, end to end.
 
-Five sections, each a claim the package makes, checked live (nothing is precomputed):
+Six sections, each a claim the package makes, checked live (nothing is precomputed):
 
 1. the DeepSeekV3-style MoE block and how ``shard_moe`` places its parameters;
 2. op coverage: every op of its forward+backward has a DTensor sharding rule (ours or upstream);
@@ -11,7 +11,10 @@ Five sections, each a claim the package makes, checked live (nothing is precompu
 4. a redistribute plan to a non-default device order (``Plan.explain()``), next to the plan
    to the default order, executed on the simulated mesh and checked;
 5. per-op costs of forward+backward: FlopCounterMode with torch 2.13's formulas only vs with
-   ours registered, bytes and an H100 roofline estimate from ``dtensor_rules.costs``.
+   ours registered, bytes and an H100 roofline estimate from ``dtensor_rules.costs``;
+6. expert parallelism (``expert_parallel``, ``dtensor_rules/demo_ep.py``): where each parameter
+   and its gradient live, the collectives one step runs (all-to-all, no all_gather) next to
+   the ``shard_moe`` gather path's, and the result equal to one device.
 
 Exit status 0 when every check holds, 1 otherwise. It stays fast (seconds, not minutes):
 the full rule validator is ``python -m dtensor_rules validate`` / ``benchmarks/rule_coverage.py``.
@@ -31,6 +34,7 @@ from typing import TextIO
 
 import torch
 
+from dtensor_rules.demo_ep import section_expert_parallel
 from dtensor_rules.demo_ui import Steps, header, table
 from dtensor_rules.models.moe import MoE, MoEConfig, shard_moe
 
@@ -354,6 +358,7 @@ def run_demo(mesh_shape: tuple[int, ...] = (2, 2), out: TextIO | None = None) ->
         checks["sharded = single device"] = section_sharded(mesh_shape, out)
         checks["planner"] = section_plan(mesh_shape, out)
         checks["costs"] = section_costs(out)
+        checks["expert parallel"] = section_expert_parallel(mesh_shape, out)
     header("summary", out)
     for name, ok in checks.items():
         print(f"{name:28s} {'ok' if ok else 'FAILED'}", file=out)

@@ -24,11 +24,13 @@ def test_demo_command_exits_zero_and_every_check_holds() -> None:
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     out = run.stdout
-    for title in ("1. the MoE block", "2. op coverage", "3. sharded = single device", "4. redistribute", "5. per-op cost"):
+    for title in ("1. the MoE block", "2. op coverage", "3. sharded = single device", "4. redistribute", "5. per-op cost",
+                  "6. expert parallel"):
         assert f"== {title}" in out
     assert "every op has a rule: yes" in out
     assert "sharded = single device: yes" in out
     assert "full_tensor() == input: True" in out
+    assert "no all_gather in forward or backward: yes" in out
     assert "FAIL" not in out
     assert "Traceback" not in run.stderr and "[rank" not in run.stderr  # torch's log chatter is silenced
 
@@ -125,4 +127,41 @@ rank (ep, tp)  rows held
 (0, 1)         5, 6, 7
 (1, 0)         3, 4
 (1, 1)         8, 9
+""")
+
+    def test_expert_parallel_section(self) -> None:
+        """Where EP parameters and gradients live and what one step communicates (section 6)."""
+        from dtensor_rules.demo_ep import section_expert_parallel
+
+        out = io.StringIO()
+        with demo.quiet():
+            self.assertTrue(section_expert_parallel((2, 2), out))
+        self.assertExpectedInline(out.getvalue(), """\
+
+== 6. expert parallel: tokens by all-to-all, experts never gathered ============
+expert_parallel(model, mesh): mesh 2x2 ('ep', 'tp'), 66 tokens Shard(0) on ep, Replicate on tp
+parameter  shape    placements  rank 0 holds  grad placements  grad rank 0 holds
+---------  -------  ----------  ------------  ---------------  -----------------
+gate       4x32     R, R        4x32          P, R             4x32
+w1         4x32x64  S(0), S(2)  2x32x32       S(0), S(2)       2x32x32
+w3         4x32x64  S(0), S(2)  2x32x32       S(0), S(2)       2x32x32
+w2         4x64x32  S(0), S(1)  2x32x32       S(0), S(1)       2x32x32
+shared_w1  64x32    R, S(0)     32x32         P, S(0)          32x32
+shared_w3  64x32    R, S(0)     32x32         P, S(0)          32x32
+shared_w2  32x64    R, S(1)     32x32         P, S(1)          32x32
+
+collectives of one forward+backward (rank 0; bytes = larger of input and output per call):
+path                   phase     collective      calls   bytes
+---------------------  --------  --------------  -----  ------
+expert parallel        forward   all_to_all          3   17184
+expert parallel        backward  all_reduce          2    4488
+expert parallel        backward  all_to_all          2   17152
+shard_moe gather path  forward   all_gather         10  106448
+shard_moe gather path  forward   all_reduce          1      16
+shard_moe gather path  backward  all_gather         10  138400
+shard_moe gather path  backward  reduce_scatter      3   13344
+
+expert parallel = single device (output and 8 gradients, float32 1e-5): yes
+no all_gather in forward or backward: yes
+expert gradients stay sharded like their weights: yes
 """)

@@ -34,6 +34,7 @@ dtype (what torchtitan does).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -93,6 +94,8 @@ class MoE(nn.Module):
         self.shared_w2 = nn.Parameter(torch.empty(D, Hs, dtype=dtype)) if Hs else None
         # not trained by backprop: updated from the counts by the training loop
         self.register_buffer("expert_bias", torch.zeros(E, dtype=torch.float32) if c.expert_bias else None)
+        # set by ``expert_parallel``: computes the routed experts instead of ``routed_experts``
+        self.routed_region: Callable[[MoE, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         self.init_weights(0)
 
     def init_weights(self, seed: int) -> None:
@@ -195,19 +198,24 @@ class MoE(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        c = self.config
         shape = x.shape
-        x2 = x.reshape(-1, c.dim)
-        T, k = x2.shape[0], c.top_k
+        x2 = x.reshape(-1, self.config.dim)
         idx, weights = self.route(x2)
+        region = self.routed_region or MoE.routed_experts
+        routed = region(self, x2, idx, weights)
+        return (routed + self.shared(x2)).reshape(shape)
+
+    def routed_experts(self, x2: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Routed-expert output (T, dim): permute, pad, grouped SwiGLU, weighted combine."""
+        c = self.config
+        T, k = x2.shape[0], c.top_k
         gdt = c.gmm_dtype or x2.dtype
         order, dest, offs = self.dispatch(idx, gdt)
         token = torch.div(order, k, rounding_mode="floor")  # not `//`: aten.floor_divide has no rule
         x_pad = x2.new_zeros(self.buffer_len(T, gdt), c.dim).index_put((dest,), x2[token])
         out_pad = self.experts(x_pad, offs).to(x2.dtype)
         contrib = out_pad[dest] * weights.reshape(-1)[order].unsqueeze(-1)
-        routed = x2.new_zeros(T, c.dim).scatter_add(0, token.unsqueeze(-1).expand(-1, c.dim), contrib)
-        return (routed + self.shared(x2)).reshape(shape)
+        return x2.new_zeros(T, c.dim).scatter_add(0, token.unsqueeze(-1).expand(-1, c.dim), contrib)
 
 
 def shard_moe(module: MoE, mesh: torch.distributed.device_mesh.DeviceMesh) -> MoE:

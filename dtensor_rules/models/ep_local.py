@@ -1,0 +1,124 @@
+"""Per-rank expert parallelism on plain tensors: dispatch, local experts, combine.
+
+What one ep rank does with its own tokens (``T`` tokens, top-``k``, ``E`` experts in
+all, ``E_l = E / ep`` of them on this rank, rank ``r`` owning experts
+``[r * E_l, (r + 1) * E_l)``):
+
+1. sort the ``T * k`` assignments by expert id (stable): the rows for each destination
+   rank are then contiguous, and inside them grouped by the destination's local expert;
+2. count the assignments per expert and exchange the counts with ONE small all-to-all
+   (``E`` ints out, ``ep * E_l`` ints in): entry ``s * E_l + e`` of the result is what rank
+   ``s`` sends to local expert ``e`` -- the input layout of ``moe_permute_indices``;
+3. move the token rows with an autograd all-to-all whose split sizes are those counts
+   summed per rank. ``all_to_all_single`` takes the split sizes as host ints, so this
+   is the one device-to-host sync per step (both split lists in one ``tolist()``);
+4. ``moe_permute_indices`` groups the received rows per local expert and pads every
+   group to the ``_grouped_mm`` alignment; the padded rows read a zero row;
+5. SwiGLU with ``_grouped_mm`` on the LOCAL experts only, back to the received order;
+6. the reverse all-to-all (the transposed split sizes) and the weighted combine.
+
+Autograd: every step is differentiable (gathers, ``_grouped_mm``, and
+``all_to_all_single_autograd`` whose backward is the transposed all-to-all), so the
+backward sends the output gradients forward along the same routes and back.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed import _functional_collectives as funcol
+
+from dtensor_rules.kernels import moe_permute_indices, permuted_length_bound
+
+__all__ = ["Dispatched", "ep_dispatch", "local_experts", "ep_combine", "ep_routed_experts"]
+
+
+class Dispatched(NamedTuple):
+    """The state a dispatch leaves for its combine (all on this rank)."""
+
+    x_grouped: torch.Tensor  # (max_len, dim): received rows grouped per local expert, padded
+    offs: torch.Tensor  # (E_l,) int32 group ends for _grouped_mm
+    dest: torch.Tensor  # (n_recv,) int64: padded row of each received row
+    order: torch.Tensor  # (T*k,) int64: the assignments sorted by expert
+    send_splits: list[int]  # rows sent to each ep rank
+    recv_splits: list[int]  # rows received from each ep rank
+
+
+def _all_to_all(t: torch.Tensor, out_splits: list[int], in_splits: list[int], group: dist.ProcessGroup) -> torch.Tensor:
+    """Autograd all-to-all (backward: the transposed all-to-all), waited on."""
+    return funcol.wait_tensor(funcol.all_to_all_single_autograd(t, out_splits, in_splits, group))
+
+
+def exchange_counts(counts: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """(E,) per-expert counts of this rank -> (ep * E_l,) counts this rank's experts receive, per sender."""
+    ep = dist.get_world_size(group)
+    block = [counts.numel() // ep] * ep
+    return funcol.wait_tensor(funcol.all_to_all_single(counts, block, block, group))
+
+
+def ep_dispatch(x: torch.Tensor, idx: torch.Tensor, n_experts: int, alignment: int,
+                group: dist.ProcessGroup) -> Dispatched:
+    """Send each (token, expert) assignment of ``x`` (T, dim) to the rank owning the expert.
+
+    ``idx`` (T, k) holds global expert ids. Returns the received rows already grouped
+    per local expert and padded (``Dispatched.x_grouped``) plus what ``ep_combine`` needs.
+    """
+    ep = dist.get_world_size(group)
+    E_l = n_experts // ep
+    k = idx.shape[-1]
+    flat = idx.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    # not bincount: on CUDA it reads max(flat) on the host to size its output (a sync)
+    counts = flat.new_zeros(n_experts).scatter_add_(0, flat, torch.ones_like(flat))
+    recv_counts = exchange_counts(counts, group)
+    splits = torch.cat([counts.view(ep, E_l).sum(1), recv_counts.view(ep, E_l).sum(1)]).tolist()  # the one D2H sync
+    send_splits, recv_splits = splits[:ep], splits[ep:]
+    rows = x[torch.div(order, k, rounding_mode="floor")]
+    received = _all_to_all(rows, recv_splits, send_splits, group)
+    n_recv = received.shape[0]
+    max_len = permuted_length_bound(n_recv, E_l, alignment)
+    perm, _sizes, offs = moe_permute_indices(recv_counts, E_l, ep, max_len, alignment)
+    perm = perm.to(torch.int64)
+    # padding slots hold -1, which picks the appended zero row
+    x_grouped = torch.cat([received, received.new_zeros(1, received.shape[1])])[perm]
+    # inverse permutation: dest[perm[i]] = i for the real rows; padding writes slot n_recv, dropped
+    slots = torch.arange(max_len, dtype=torch.int64, device=perm.device)
+    target = torch.where(perm < 0, torch.full_like(perm, n_recv), perm)
+    dest = perm.new_zeros(n_recv + 1).index_put((target,), slots)[:n_recv]
+    return Dispatched(x_grouped, offs, dest, order, send_splits, recv_splits)
+
+
+def local_experts(x_grouped: torch.Tensor, offs: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
+                  w2: torch.Tensor, gmm_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """SwiGLU of this rank's experts on their padded groups (rows past ``offs[-1]`` are not computed)."""
+    if gmm_dtype is not None:
+        x_grouped, w1, w3, w2 = (t.to(gmm_dtype) for t in (x_grouped, w1, w3, w2))
+    h = F.silu(torch._grouped_mm(x_grouped, w1, offs=offs)) * torch._grouped_mm(x_grouped, w3, offs=offs)
+    return torch._grouped_mm(h, w2, offs=offs)
+
+
+def ep_combine(y_grouped: torch.Tensor, d: Dispatched, weights: torch.Tensor, n_tokens: int,
+               group: dist.ProcessGroup) -> torch.Tensor:
+    """Send the expert outputs back and sum them per token with the routing weights -> (T, dim)."""
+    y = y_grouped[d.dest]  # received order; never reads an uncomputed row
+    back = _all_to_all(y, d.send_splits, d.recv_splits, group)
+    k = weights.shape[-1]
+    contrib = back.to(weights.dtype) * weights.reshape(-1)[d.order].unsqueeze(-1)
+    token = torch.div(d.order, k, rounding_mode="floor")
+    return contrib.new_zeros(n_tokens, contrib.shape[-1]).index_add(0, token, contrib)
+
+
+def ep_routed_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w1: torch.Tensor,
+                      w3: torch.Tensor, w2: torch.Tensor, *, n_experts: int, alignment: int,
+                      group: dist.ProcessGroup, gmm_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The routed-expert output of this rank's tokens, (T, dim), computed by expert parallelism.
+
+    ``w1/w3`` (E_l, dim, H_l) and ``w2`` (E_l, H_l, dim) are this rank's experts; with a
+    tensor-parallel hidden dim (H_l < H) the result is this rank's partial sum.
+    """
+    d = ep_dispatch(x, idx, n_experts, alignment, group)
+    y = local_experts(d.x_grouped, d.offs, w1, w3, w2, gmm_dtype)
+    return ep_combine(y, d, weights, x.shape[0], group).to(x.dtype)

@@ -1,0 +1,168 @@
+"""Expert parallelism under DTensor: tokens travel by all-to-all, experts are never gathered.
+
+``shard_moe`` places the experts on "ep", but DTensor runs ``_grouped_mm`` with ``offs``
+only on whole experts (a split of the expert dim would move the group boundaries), so
+it all-gathers the experts and the tokens: every rank computes every expert.
+:func:`expert_parallel` places the parameters the same way and runs the routed-expert
+region as a local region instead (``local_map``'s contract, see
+:func:`routed_experts_ep`): each rank sends its tokens to the experts' owners
+(``dtensor_rules.models.ep_local``), multiplies by its LOCAL experts only and sends the
+results back. The router, the shared expert and the combine's inputs stay ordinary
+DTensor code under the package's rules.
+
+Layouts (mesh dims by name; "tp" optional):
+
+==================  ===========  ===========  ===========================================
+tensor              "ep"         "tp"         why
+==================  ===========  ===========  ===========================================
+w1, w3 (E, D, H)    Shard(0)     Shard(2)     each rank holds E/ep experts; hidden colwise
+w2 (E, H, D)        Shard(0)     Shard(1)     hidden rowwise: the region's output is Partial
+gate, expert_bias   Replicate    Replicate    every rank routes its own tokens
+shared_w1/w3        Replicate    Shard(0)     colwise Linear
+shared_w2           Replicate    Shard(1)     rowwise Linear -> Partial over tp
+tokens x (T, D)     Shard(0)     Replicate    data parallel over ep
+region output       Shard(0)     Partial      each tp rank sums over its hidden slice
+==================  ===========  ===========  ===========================================
+
+Gradients come back in the parameters' own layouts (the region hands each rank's
+local gradient back with the parameter's placements): ``w1.grad`` is
+``(Shard(0), Shard(2))``, so per-rank expert parameter and gradient bytes are
+1/(ep*tp) of the total. The token and routing-weight gradients
+are ``Partial`` over tp (each tp rank contributes its hidden slice) and DTensor reduces
+them where they meet the replicated router.
+
+FSDP2 composes on top: build the (ep, tp) mesh as a submesh of a ("dp", "ep", "tp")
+mesh, call :func:`expert_parallel` with the submesh, then ``fully_shard(model,
+mesh=world["dp"])``; the tokens are a DTensor on the (ep, tp) submesh holding this dp
+rank's batch.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
+
+from dtensor_rules.models.ep_local import ep_routed_experts
+from dtensor_rules.models.moe import MoE
+
+__all__ = ["EPMesh", "expert_parallel", "routed_experts_ep", "token_placements", "expert_param_bytes"]
+
+
+class EPMesh(NamedTuple):
+    """A mesh and the names of its expert-parallel and (optional) tensor-parallel dims."""
+
+    mesh: DeviceMesh
+    ep_dim: str
+    tp_dim: str | None
+
+
+def _placements(ep: EPMesh, on_ep: Placement, on_tp: Placement) -> tuple[Placement, ...]:
+    names = ep.mesh.mesh_dim_names or ()
+    return tuple(on_ep if n == ep.ep_dim else on_tp for n in names)
+
+
+def token_placements(mesh: DeviceMesh, ep_dim: str = "ep", tp_dim: str | None = "tp") -> tuple[Placement, ...]:
+    """Placements of the input tokens for :func:`expert_parallel`: ``Shard(0)`` on ep, ``Replicate`` on tp."""
+    return _placements(_check_mesh(mesh, ep_dim, tp_dim), Shard(0), Replicate())
+
+
+def _check_mesh(mesh: DeviceMesh, ep_dim: str, tp_dim: str | None) -> EPMesh:
+    names = tuple(mesh.mesh_dim_names or ())
+    wanted = (ep_dim,) if tp_dim is None or tp_dim not in names else (ep_dim, tp_dim)
+    if ep_dim not in names or set(names) != set(wanted):
+        raise ValueError(
+            f"expert_parallel needs a mesh whose dims are named {wanted} (ep_dim={ep_dim!r}, tp_dim={tp_dim!r}), "
+            f"got dim names {names}; for FSDP2 pass the (ep, tp) submesh here and the dp dim to fully_shard"
+        )
+    return EPMesh(mesh, ep_dim, tp_dim if tp_dim in names else None)
+
+
+def routed_experts_ep(moe: MoE, ep: EPMesh, x: DTensor, idx: DTensor, weights: DTensor) -> DTensor:
+    """The routed experts of ``moe`` on DTensor tokens by expert parallelism (a local region).
+
+    ``x`` (T, dim), ``idx`` (T, k) and ``weights`` (T, k) are ``Shard(0)`` on ep and
+    ``Replicate`` on tp (redistributed to that if not); the result (T, dim) is
+    ``Shard(0)`` on ep and ``Partial`` on tp (``Replicate`` without a tp dim).
+
+    The same contract as ``local_map(ep_routed_experts, out_placements, in_placements,
+    in_grad_placements)``, written out with ``to_local``/``from_local`` because
+    ``local_map`` infers the output's global shape as ``local rows * ep`` (even shards):
+    with T not divisible by ep that shape is wrong (and differs between ranks).
+    """
+    c = moe.config
+    tokens = _placements(ep, Shard(0), Replicate())
+    token_grads = _placements(ep, Shard(0), Partial())  # each tp rank's gradient is its hidden slice's part
+    local = [t.redistribute(ep.mesh, tokens).to_local(grad_placements=token_grads) for t in (x, weights)]
+    idx_local = idx.redistribute(ep.mesh, tokens).to_local()
+    w_local = [w.to_local(grad_placements=w.placements) for w in (moe.w1, moe.w3, moe.w2)]
+    out = ep_routed_experts(
+        local[0], idx_local, local[1], *w_local,
+        n_experts=c.n_experts,
+        alignment=moe.alignment(c.gmm_dtype or x.dtype),
+        group=ep.mesh.get_group(ep.ep_dim),
+        gmm_dtype=c.gmm_dtype,
+    )
+    return DTensor.from_local(out, ep.mesh, token_grads, run_check=False, shape=x.shape, stride=x.stride())
+
+
+def expert_parallel(module: MoE, mesh: DeviceMesh, ep_dim: str = "ep", tp_dim: str | None = "tp") -> MoE:
+    """Distribute ``module`` in place for expert (x tensor) parallelism and route its experts by all-to-all.
+
+    ``mesh`` has a dim named ``ep_dim`` and optionally one named ``tp_dim`` (see the
+    module docstring for every layout). Feed it tokens placed with
+    :func:`token_placements`. Raises ``ValueError`` if ep does not divide the experts
+    or tp does not divide the hidden dims.
+    """
+    ep = _check_mesh(mesh, ep_dim, tp_dim)
+    c = module.config
+    n_ep = mesh.size(mesh.mesh_dim_names.index(ep_dim))
+    if c.n_experts % n_ep:
+        raise ValueError(
+            f"n_experts={c.n_experts} is not divisible by the '{ep_dim}' mesh size {n_ep}: every ep rank must own "
+            f"the same number of experts; use an ep size that divides {c.n_experts}"
+        )
+    if ep.tp_dim is not None:
+        n_tp = mesh.size(mesh.mesh_dim_names.index(ep.tp_dim))
+        if c.hidden % n_tp:
+            raise ValueError(f"hidden={c.hidden} is not divisible by the '{ep.tp_dim}' mesh size {n_tp}")
+    R = Replicate()
+    plan = {
+        "w1": _placements(ep, Shard(0), Shard(2)),
+        "w3": _placements(ep, Shard(0), Shard(2)),
+        "w2": _placements(ep, Shard(0), Shard(1)),
+        "gate": _placements(ep, R, R),
+        "shared_w1": _placements(ep, R, Shard(0)),
+        "shared_w3": _placements(ep, R, Shard(0)),
+        "shared_w2": _placements(ep, R, Shard(1)),
+    }
+    for name, placements in plan.items():
+        p = getattr(module, name)
+        if p is None:
+            continue
+        setattr(module, name, nn.Parameter(distribute_tensor(p.detach(), mesh, placements), p.requires_grad))
+    if module.expert_bias is not None:
+        module.expert_bias = distribute_tensor(module.expert_bias, mesh, _placements(ep, R, R))
+    module.routed_region = functools.partial(_region, ep=ep)
+    return module
+
+
+def _region(moe: MoE, x: DTensor, idx: DTensor, weights: DTensor, *, ep: EPMesh) -> DTensor:
+    return routed_experts_ep(moe, ep, x, idx, weights)
+
+
+def expert_param_bytes(module: MoE) -> tuple[int, int]:
+    """(bytes of w1+w3+w2 held by this rank, bytes of their gradients held by this rank)."""
+
+    def local(t: torch.Tensor | None) -> int:
+        if t is None:
+            return 0
+        t = t.to_local() if isinstance(t, DTensor) else t
+        return t.numel() * t.element_size()
+
+    ws = (module.w1, module.w3, module.w2)
+    return sum(local(w) for w in ws), sum(local(w.grad) for w in ws)

@@ -1,0 +1,68 @@
+"""``CommBytesMode``: ``CommDebugMode`` that also adds up the bytes each collective moves on this rank.
+
+``CommDebugMode`` counts collectives; comparing a gather path with an all-to-all
+path needs their volume too. For every collective call this rank makes, the mode
+adds the bytes of the larger of its tensor input and its tensor output (an
+all_gather counts the gathered result, a reduce_scatter its full input, an
+all_reduce its tensor, an all_to_all the larger of what it sends and receives), and
+splits forward from backward with ``CommDebugMode``'s own module tracker. On a simulated
+mesh (``LocalTensorMode``) it counts rank 0's pieces.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.utils._pytree import tree_leaves
+
+__all__ = ["CommBytesMode", "collective_name"]
+
+
+def collective_name(func: Any) -> str:
+    """``c10d_functional.all_gather_into_tensor`` -> ``all_gather``; ``c10d.broadcast_`` -> ``broadcast``."""
+    name = str(func._overloadpacket).split(".")[-1].rstrip("_")
+    for short in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "scatter", "alltoall"):
+        if name.startswith(short) or name.startswith(short.replace("_", "")):
+            return "all_to_all" if short == "alltoall" else short
+    return name
+
+
+def _bytes(tree: Any) -> int:
+    """Bytes of the tensors in ``tree``; of rank 0's piece for a simulated (``LocalTensor``) tensor."""
+    total = 0
+    for t in tree_leaves(tree):
+        if not isinstance(t, torch.Tensor):
+            continue
+        local = getattr(t, "_local_tensors", None)  # simulated mesh: one piece per rank, sizes may differ
+        t = local[min(local)] if local else t
+        total += t.numel() * t.element_size()
+    return total
+
+
+class CommBytesMode(CommDebugMode):
+    """``CommDebugMode`` plus ``bytes[phase][collective]`` (phase ``"forward"``/``"backward"``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes: dict[str, dict[str, int]] = {"forward": defaultdict(int), "backward": defaultdict(int)}
+        self.calls: dict[str, dict[str, int]] = {"forward": defaultdict(int), "backward": defaultdict(int)}
+        self.largest: dict[str, int] = defaultdict(int)  # collective -> largest single call's bytes
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        before = sum(self.comm_counts.values())
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if out is not NotImplemented and sum(self.comm_counts.values()) > before:
+            phase = "backward" if self.advanced_module_tracker.is_bw else "forward"
+            name = collective_name(func)
+            size = max(_bytes((args, kwargs)), _bytes(out))
+            self.bytes[phase][name] += size
+            self.calls[phase][name] += 1
+            self.largest[name] = max(self.largest[name], size)
+        return out
+
+    def total_bytes(self, collective: str | None = None) -> int:
+        """Bytes over both phases, of one collective or of all."""
+        return sum(v for phase in self.bytes.values() for k, v in phase.items() if collective in (None, k))
