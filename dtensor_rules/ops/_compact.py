@@ -165,6 +165,7 @@ def rows_strategy(
         dtype = spec.tensor_meta.dtype
         inputs.append(Input(s, spec, _static_bytes(spec.tensor_meta), not (dtype.is_floating_point or dtype.is_complex)))
     chosen = _greedy_rows(inputs, mesh.ndim, dispatch_rows, n_out, out_input)
+    current = tuple(tuple(key(p) for p in i.current.placements) for i in inputs)
     specs: list[OpSpec] = []
     seen: set[Any] = set()
     for per_dim in ([chosen] if chosen is not None else []) + [[replicate] * mesh.ndim]:
@@ -176,6 +177,8 @@ def rows_strategy(
         if spec is not None:
             seen.add(sig)
             specs.append(spec)
+            if sig[n_out:] == current:
+                break  # no input moves: nothing is cheaper, the all-Replicate fallback is not priced
     if not specs:
         _no_out_layout(op_schema, strategies, out_input)
     return OpStrategy(specs)
@@ -203,11 +206,14 @@ def _greedy_rows(
     picked: list[Row] = []
     picked_keys: list[list[Key]] = []
     replicate: Row = [Replicate()] * (n_out + len(inputs))
+    keys_of: dict[int, list[Key]] = {}  # rows are often the same (cached) objects on every mesh dim
     for m in range(ndim):
         current = [key(i.current.placements[m]) for i in inputs]
         best, best_cost = None, INF
         for row in [replicate, *dispatch_rows(current)]:  # first of equal costs wins: R, then the rule's order
-            keys = [key(p) for p in row]
+            keys = keys_of.get(id(row))
+            if keys is None:
+                keys = keys_of[id(row)] = [key(p) for p in row]
             if out_input is not None and keys[0] != current[out_input]:
                 continue
             if picked and any(_mixes_partials([k[j] for k in picked_keys] + [keys[j]]) for j in range(len(keys))):
