@@ -278,12 +278,12 @@ class LazyCosts(Sequence[list[float]]):
 
 
 def _replicated_schema(op_schema: OpSchema) -> OpSchema:
-    """``op_schema`` with every multi-candidate input replaced by one all-Replicate spec (same meta)."""
+    """``op_schema`` with every input but ``out=`` tensors (whose layout filters the strategies)
+    replaced by one all-Replicate spec of the same meta: the expansion then prices nothing."""
+    outs = {a.name for a in op_schema.op._schema.arguments if a.is_out}
 
     def swap(x: Any) -> Any:
         if isinstance(x, OpStrategy):
-            if len(x.strategies) == 1:
-                return x
             spec = x.strategies[0].output_spec
             return OpStrategy([OpSpec(DTensorSpec(spec.mesh, (Replicate(),) * spec.mesh.ndim, tensor_meta=spec.tensor_meta))])
         if isinstance(x, TupleStrategy):
@@ -295,14 +295,14 @@ def _replicated_schema(op_schema: OpSchema) -> OpSchema:
     return OpSchema(
         op_schema.op,
         tuple(swap(a) for a in op_schema.args_schema),
-        {k: swap(v) for k, v in op_schema.kwargs_schema.items()},
+        {k: v if k in outs else swap(v) for k, v in op_schema.kwargs_schema.items()},
         schema_info=op_schema.schema_info,
     )
 
 
 def _full_expansion(op_schema: OpSchema, strategies: list[OpStrategy], rows: list[Row], n_out: int) -> OpStrategy:
     """Every row over every mesh dim (upstream's expansion, shardability judged from Replicate as
-    the single-dim path does), priced lazily against each input's candidate specs."""
+    the validator's single-dim path does), priced lazily against each input's real specs."""
     mesh = strategies[0].strategies[0].output_spec.mesh
     expanded = expand_to_mesh(mesh, _replicated_schema(op_schema), rows, input_index=n_out, allow_uneven_sharding=True)
     memo: dict[Any, list[float]] = {}
