@@ -112,7 +112,10 @@ def test_cat_dispatch_matches_torch_from_any_layout(data) -> None:  # noqa: ANN0
     for _ in range(n):
         shape = [rows, 3]
         shape[dim] = data.draw(st.integers(0, 5))
-        tensors.append(torch.randn(*shape))
+        t = torch.randn(*shape)
+        if data.draw(st.booleans()):  # a transposed (non-contiguous) operand
+            t = torch.randn(*reversed(shape)).t()
+        tensors.append(t)
     pls = data.draw(layouts(len(mesh_shape), n))
     with simulated_mesh(mesh_shape) as mesh:
         xs = [to_dtensor(t, mesh, p, salt=i) for i, (t, p) in enumerate(zip(tensors, pls))]
@@ -128,7 +131,7 @@ def test_slice_scatter_dispatch_matches_torch_from_any_layout(data) -> None:  # 
     start, end = data.draw(st.one_of(st.none(), st.integers(-7, 7))), data.draw(st.one_of(st.none(), st.integers(-7, 7)))
     step = data.draw(st.integers(1, 3))
     length = len(range(*slice(start, end, step).indices(size)))
-    x, src = torch.randn(size, 3), torch.randn(length, 3)
+    x, src = torch.randn(size, 3), torch.randn(3, length).t()  # src transposed (non-contiguous)
     pls = data.draw(layouts(len(mesh_shape), 2))
     with simulated_mesh(mesh_shape) as mesh:
         dx, dsrc = (to_dtensor(t, mesh, p, salt=i) for i, (t, p) in enumerate(zip((x, src), pls)))
