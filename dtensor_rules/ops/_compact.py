@@ -165,6 +165,7 @@ def rows_strategy(
         dtype = spec.tensor_meta.dtype
         inputs.append(Input(s, spec, _static_bytes(spec.tensor_meta), not (dtype.is_floating_point or dtype.is_complex)))
     chosen = _greedy_rows(inputs, mesh.ndim, dispatch_rows, n_out, out_input)
+    current = tuple(tuple(key(p) for p in i.current.placements) for i in inputs)
     specs: list[OpSpec] = []
     seen: set[Any] = set()
     for per_dim in ([chosen] if chosen is not None else []) + [[replicate] * mesh.ndim]:
@@ -176,6 +177,8 @@ def rows_strategy(
         if spec is not None:
             seen.add(sig)
             specs.append(spec)
+            if sig[n_out:] == current:
+                break  # no input moves: nothing is cheaper, the all-Replicate fallback is not priced
     if not specs:
         _no_out_layout(op_schema, strategies, out_input)
     return OpStrategy(specs)
@@ -203,11 +206,14 @@ def _greedy_rows(
     picked: list[Row] = []
     picked_keys: list[list[Key]] = []
     replicate: Row = [Replicate()] * (n_out + len(inputs))
+    keys_of: dict[int, list[Key]] = {}  # rows are often the same (cached) objects on every mesh dim
     for m in range(ndim):
         current = [key(i.current.placements[m]) for i in inputs]
         best, best_cost = None, INF
         for row in [replicate, *dispatch_rows(current)]:  # first of equal costs wins: R, then the rule's order
-            keys = [key(p) for p in row]
+            keys = keys_of.get(id(row))
+            if keys is None:
+                keys = keys_of[id(row)] = [key(p) for p in row]
             if out_input is not None and keys[0] != current[out_input]:
                 continue
             if picked and any(_mixes_partials([k[j] for k in picked_keys] + [keys[j]]) for j in range(len(keys))):
@@ -272,12 +278,12 @@ class LazyCosts(Sequence[list[float]]):
 
 
 def _replicated_schema(op_schema: OpSchema) -> OpSchema:
-    """``op_schema`` with every multi-candidate input replaced by one all-Replicate spec (same meta)."""
+    """``op_schema`` with every input but ``out=`` tensors (whose layout filters the strategies)
+    replaced by one all-Replicate spec of the same meta: the expansion then prices nothing."""
+    outs = {a.name for a in op_schema.op._schema.arguments if a.is_out}
 
     def swap(x: Any) -> Any:
         if isinstance(x, OpStrategy):
-            if len(x.strategies) == 1:
-                return x
             spec = x.strategies[0].output_spec
             return OpStrategy([OpSpec(DTensorSpec(spec.mesh, (Replicate(),) * spec.mesh.ndim, tensor_meta=spec.tensor_meta))])
         if isinstance(x, TupleStrategy):
@@ -289,14 +295,14 @@ def _replicated_schema(op_schema: OpSchema) -> OpSchema:
     return OpSchema(
         op_schema.op,
         tuple(swap(a) for a in op_schema.args_schema),
-        {k: swap(v) for k, v in op_schema.kwargs_schema.items()},
+        {k: v if k in outs else swap(v) for k, v in op_schema.kwargs_schema.items()},
         schema_info=op_schema.schema_info,
     )
 
 
 def _full_expansion(op_schema: OpSchema, strategies: list[OpStrategy], rows: list[Row], n_out: int) -> OpStrategy:
     """Every row over every mesh dim (upstream's expansion, shardability judged from Replicate as
-    the single-dim path does), priced lazily against each input's candidate specs."""
+    the validator's single-dim path does), priced lazily against each input's real specs."""
     mesh = strategies[0].strategies[0].output_spec.mesh
     expanded = expand_to_mesh(mesh, _replicated_schema(op_schema), rows, input_index=n_out, allow_uneven_sharding=True)
     memo: dict[Any, list[float]] = {}

@@ -388,20 +388,22 @@ def slice_scatter_rows(call: ScatterCall) -> tuple[Row, ...]:
     src_passed = [R] + [Partial(o) for o in call.src_ops]
     # a replicated passed operand gives every rank the whole result: any mean/max/min of it is itself
     spread = [Partial(o) for o in call.self_ops if o != "sum"]
+
+    def one_operand_passes(passed_opts: list[Placement], ignored_opts: list[Placement], place: Any) -> list[Row]:
+        """out == the passed operand; ``place(out, passed, ignored)`` orders the row."""
+        rows = []
+        for passed in passed_opts:
+            for ignored in ignored_opts:
+                if passed != ignored:
+                    rows.append(place(passed, passed, ignored))
+                    if passed == R:
+                        rows += [place(p, R, ignored) for p in spread]
+        return rows
+
     if empty:
-        for passed in self_kept:
-            for ignored in src_ignored:
-                if passed != ignored and not (passed == R and ignored == R):
-                    strategies.append(row(passed, passed, ignored))
-                    if passed == R:
-                        strategies += [row(p, R, ignored) for p in spread]
+        strategies += one_operand_passes(self_kept, src_ignored, lambda o, kept, free: row(o, kept, free))
     if full:
-        for passed in src_passed:
-            for ignored in self_kept:
-                if passed != ignored and not (passed == R and ignored == R):
-                    strategies.append(row(passed, ignored, passed))
-                    if passed == R:
-                        strategies += [row(p, ignored, R) for p in spread]
+        strategies += one_operand_passes(src_passed, self_kept, lambda o, kept, free: row(o, free, kept))
     if call.facts.shard_empty and call.ndim:
         # the local slice of an empty global slice is empty too (start >= end survives clamping to
         # a shorter shard), so self may be split on the slice dim; src has no elements to place.
