@@ -28,3 +28,38 @@ def partial_ops(dtypes: Iterable[torch.dtype], ops: Iterable[str] = ALL_REDUCE_O
             continue  # complex numbers are not ordered
         out.append(op)
     return tuple(out)
+
+
+def _range_contains(dst: torch.dtype, src: torch.dtype) -> bool:
+    """Every value of integer ``src`` is a value of integer ``dst`` (the cast is exact)."""
+    s, d = torch.iinfo(src), torch.iinfo(dst)
+    return d.min <= s.min and d.max >= s.max
+
+
+def partial_survives_cast(reduce_op: str, src_dtype: torch.dtype, dst_dtype: torch.dtype) -> bool:
+    """Is ``cast(reduce(parts)) == reduce(cast(parts))`` for EVERY input, i.e. may a
+    ``Partial(reduce_op)`` operand of ``src_dtype`` become a ``Partial(reduce_op)`` result in
+    ``dst_dtype`` without being reduced first?
+
+    - ``sum`` / ``avg``: only the identity cast. A narrowing float cast overflows or rounds
+      each part (fp32 parts 70000 and -70000 become fp16 inf and -inf: NaN instead of 0); a
+      widening float cast drops the rounding the src-dtype reduction applies; a widening
+      integer cast loses the src-dtype wraparound (int32 parts summing past 2**31); int <->
+      float casts are neither additive under wraparound nor under truncation.
+    - ``max`` / ``min``: any cast that is non-decreasing on every value commutes with them:
+      the identity, int -> int whose range contains the source's, int -> float (rounding is
+      monotone), float -> float (rounding and overflow to inf are monotone). Not float -> int
+      (NaN / out-of-range is undefined), not narrowing int (wraps), not to/from bool or complex.
+    - ``bool`` is never Partial; ``avg`` needs a floating or complex dtype.
+    """
+    if reduce_op not in partial_ops([src_dtype, dst_dtype], (reduce_op,)):
+        return False
+    if src_dtype == dst_dtype:
+        return True
+    if reduce_op in ("sum", "avg"):
+        return False
+    if src_dtype.is_complex or dst_dtype.is_complex:
+        return False
+    if not src_dtype.is_floating_point:
+        return dst_dtype.is_floating_point or _range_contains(dst_dtype, src_dtype)
+    return dst_dtype.is_floating_point
