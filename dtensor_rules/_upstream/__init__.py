@@ -77,6 +77,7 @@ from dtensor_rules._upstream.collectives import (
     shard_all_gather,
     shard_all_to_all,
     shard_from_replicate,
+    swap_partial_partition,
 )
 from dtensor_rules._upstream.meta import (
     DynamicOutputShapeException,
