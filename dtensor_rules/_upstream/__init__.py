@@ -53,6 +53,8 @@ from dtensor_rules._upstream.registries import (
     dispatcher,
     propagator,
     registry,
+    unwrap_cache_miss,
+    wrap_cache_miss,
 )
 from dtensor_rules._upstream.tensors import (
     LocalTensor,

@@ -49,6 +49,7 @@ REQUIREMENTS: tuple[Requirement, ...] = (
                 "_propagate_tensor_meta_non_cached", "_propagate_tensor_meta_cached"), why="registry install/uninstall"),
     Requirement(f"{_T}._dispatch", "OpDispatcher", attrs=("sharding_propagator", "_custom_op_handlers",
                 "unwrap_to_op_info", "_dispatch_get_local_results_slow_path", "wrap")),
+    Requirement(f"{_T}._dispatch", "OpDispatcher", attrs=("_propagate_op_sharding_dispatch_slow_path",), why="bool masks of index.Tensor on a cache miss"),
     Requirement(f"{_T}", "DTensor", attrs=("_op_dispatcher", "_spec", "_local_tensor")),
     Requirement(f"{_T}.debug", "_clear_sharding_prop_cache"),
     Requirement(f"{_T}._utils", "_compute_local_shape_and_global_offset"),

@@ -14,6 +14,8 @@ SCHEMA_REGISTRIES = ("op_to_schema_info", "op_to_schema_info_for_single_dim_stra
 HANDLERS = "_custom_op_handlers"  # lives on DTensor._op_dispatcher, not on the propagator
 # the propagator's uncached output-metadata step (fake-tensor propagation), wrapped per instance
 META_STEP_ATTR = "_propagate_tensor_meta_non_cached"
+# what DTensor's C++ dispatch calls back on a sharding-cache miss; a non-OutputSharding return is the op's result
+SLOW_PATH_ATTR = "_propagate_op_sharding_dispatch_slow_path"
 
 
 def dispatcher() -> Any:
@@ -60,3 +62,16 @@ def dispatch_slow_path(op_call: Any, args: Any, kwargs: Any) -> Any:
     d.sharding_propagator.propagate(op_info)
     local = d._dispatch_get_local_results_slow_path(op_call, args, op_info)
     return d.wrap(local, op_info.output_sharding.output_spec)
+
+
+def wrap_cache_miss(make: Any) -> None:
+    """Shadow the dispatcher's cache-miss callback with ``make(original)`` (an instance attribute)."""
+    d = dispatcher()
+    setattr(d, SLOW_PATH_ATTR, make(getattr(d, SLOW_PATH_ATTR)))
+
+
+def unwrap_cache_miss() -> None:
+    """Undo :func:`wrap_cache_miss`: the class method shows through again."""
+    d = dispatcher()
+    if SLOW_PATH_ATTR in vars(d):
+        delattr(d, SLOW_PATH_ATTR)

@@ -54,11 +54,11 @@ partials can mix winners, so the sample suites keep such indices unique.
 
 Bool masks through DTensor. torch 2.13's DTensor cannot size ``x[mask]`` in its fake-tensor
 meta step (``aten.nonzero`` has a data-dependent shape) and fails before consulting any rule.
-``index.Tensor`` is therefore installed with a dispatch handler
-(:func:`dtensor_rules.ops._rule_dispatch.index_dispatch`) that replicates each mask, turns it
-into the long index tensors it stands for (identical on every rank) and then runs upstream's
-Python dispatch path with this rule. Cost: ``index.Tensor`` calls leave DTensor's C++ fast
-path (the Python path is the one DTensor itself falls back to on a cache miss).
+The ``index_bool_masks`` patch (:mod:`dtensor_rules.ops._index_masks`) catches such calls on
+DTensor's sharding-cache miss (they always miss), checks the mask shapes (torch's IndexError),
+turns each replicated mask into the long index tensors it stands for and runs the call with
+them through this rule. Calls without masks never see it: after their first call they are
+served by DTensor's C++ fast path like any op.
 
 Layouts the validator finds valid on the suites but not emitted, each valid only by luck of the
 sample: a Partial(max/min) INDEX tensor (ranks hold different, still in-range indices; the
@@ -78,7 +78,7 @@ from dtensor_rules._upstream import ShardingPlaceholder, TensorMeta
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
 from dtensor_rules.ops._common import PlacementOrHole
-from dtensor_rules.ops._rule_dispatch import index_dispatch
+from dtensor_rules.ops import _index_masks  # noqa: F401  (registers the index_bool_masks patch)
 from dtensor_rules.registry import register
 
 aten = torch.ops.aten
@@ -179,8 +179,7 @@ def _partial_ops(dtype: torch.dtype) -> tuple[str, ...]:
     return ("sum", "avg", "max", "min") if dtype.is_floating_point or dtype.is_complex else ("sum", "max", "min")
 
 
-@register([aten.index.Tensor], handler=index_dispatch)
-@register([aten.index.Tensor_out, aten.index.Tensor_hacked_twin])
+@register([aten.index.Tensor, aten.index.Tensor_out, aten.index.Tensor_hacked_twin])
 def index_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Pass non-indexed dims through, split the index shape with the index tensors, pass any Partial."""
     self_meta, indices = args[0], args[1]
