@@ -60,7 +60,7 @@ def test_index_tensor_has_no_custom_handler() -> None:
 
 def test_mask_patch_is_undone_by_uninstall() -> None:
     from dtensor_rules._upstream import dispatcher
-    from dtensor_rules._upstream.registries import SLOW_PATH_ATTR
+    from dtensor_rules._upstream.registries import SLOW_PATH_ATTR  # the hook is an instance attribute
 
     assert SLOW_PATH_ATTR in vars(dispatcher())
     dtensor_rules.uninstall()

@@ -250,3 +250,18 @@ def test_issue_13_1_fp16_cumsum_of_cancelling_partial() -> None:
         x = DTensor.from_local(lt, mesh, [Partial("sum")], run_check=False)
         got = full_value(torch.cumsum(x, 0, dtype=torch.float16))
     torch.testing.assert_close(got, torch.tensor([0.0, 0.0, 1.0], dtype=torch.float16))
+
+
+@pytest.mark.parametrize("mesh_shape, out_pl", [((2,), [Shard(1)]), ((2, 2), [Shard(0), Shard(1)])], ids=str)
+def test_dtensor_cumsum_out_sharded_on_scan_dim_is_a_clear_error(mesh_shape, out_pl) -> None:
+    """#13.6: was "min() arg is an empty sequence"; now names the out= layout and the fix."""
+    x = torch.randn(6, 4)
+    with simulated_mesh(mesh_shape) as mesh:
+        o = to_dtensor(torch.empty(6, 4), mesh, out_pl)
+        with pytest.raises(RuntimeError, match=r"out= DTensor .*Shard\(dim=1\).*can be one of \[.*S\(0\).*\].*functional op"):
+            torch.cumsum(to_dtensor(x, mesh, [Replicate()] * len(mesh_shape)), 1, out=o)
+        # a layout the rule can write still works, and the error was not cached as a decision
+        o2 = to_dtensor(torch.empty(6, 4), mesh, [Shard(0)] + [Replicate()] * (len(mesh_shape) - 1))
+        torch.cumsum(to_dtensor(x, mesh, [Replicate()] * len(mesh_shape)), 1, out=o2)
+        got = full_value(o2)
+    torch.testing.assert_close(got, x.cumsum(1))

@@ -54,7 +54,7 @@ partials can mix winners, so the sample suites keep such indices unique.
 
 Bool masks through DTensor. torch 2.13's DTensor cannot size ``x[mask]`` in its fake-tensor
 meta step (``aten.nonzero`` has a data-dependent shape) and fails before consulting any rule.
-The ``index_bool_masks`` patch (:mod:`dtensor_rules.ops._index_masks`) catches such calls on
+The ``cache_miss_hook`` patch (:mod:`dtensor_rules.ops._cache_miss`) catches such calls on
 DTensor's sharding-cache miss (they always miss), checks the mask shapes (torch's IndexError),
 turns each replicated mask into the long index tensors it stands for and runs the call with
 them through this rule. Calls without masks never see it: after their first call they are
@@ -78,7 +78,7 @@ from dtensor_rules._upstream import ShardingPlaceholder, TensorMeta
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
 from dtensor_rules.ops._common import PlacementOrHole
-from dtensor_rules.ops import _index_masks  # noqa: F401  (registers the index_bool_masks patch)
+from dtensor_rules.ops import _cache_miss  # noqa: F401  (registers the cache_miss_hook patch)
 from dtensor_rules.registry import register
 
 aten = torch.ops.aten
