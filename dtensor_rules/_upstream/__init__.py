@@ -53,6 +53,7 @@ from dtensor_rules._upstream.registries import (
     dispatcher,
     propagator,
     registry,
+    set_unbacked_sharding,
     unwrap_cache_miss,
     wrap_cache_miss,
 )

@@ -75,3 +75,14 @@ def unwrap_cache_miss() -> None:
     d = dispatcher()
     if SLOW_PATH_ATTR in vars(d):
         delattr(d, SLOW_PATH_ATTR)
+
+
+def set_unbacked_sharding(op: Any, allow: bool | None) -> bool:
+    """Set ``allow_unbacked_sharding`` of ``op``'s installed single-dim rule (False: a dim of unknown
+    size is not sharded anew, an input already sharded on it may stay so; None: upstream's default,
+    a data-dependent guard). Returns whether the op has an installed single-dim rule."""
+    info = propagator().op_single_dim_strategy_funcs.get(op)
+    if info is None:
+        return False
+    info.allow_unbacked_sharding = allow
+    return True
