@@ -88,3 +88,39 @@ def test_bincount_handler_caches_its_choice(monkeypatch) -> None:
         assert len(calls) == 2
     for o in outs:
         torch.testing.assert_close(o, torch.bincount(x, w))
+
+
+def _count_cache_misses(rank: int, world: int) -> tuple[int, int]:
+    import dtensor_rules  # noqa: F401  (spawned process: install the rules)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+
+    from dtensor_rules._upstream import dispatcher
+    from dtensor_rules._upstream.registries import SLOW_PATH_ATTR
+
+    mesh = init_device_mesh("cpu", (world,))
+    x = distribute_tensor(torch.randn(16, 4), mesh, [Shard(1)])
+    i = distribute_tensor(torch.randint(0, 16, (6,)), mesh, [Replicate()])
+    m = distribute_tensor(torch.rand(16) > 0.5, mesh, [Replicate()])
+    d = dispatcher()
+    hook = getattr(d, SLOW_PATH_ATTR)
+    calls = []
+    setattr(d, SLOW_PATH_ATTR, lambda *a, **k: calls.append(a[0]) or hook(*a, **k))
+    x[i]  # first call fills the cache
+    calls.clear()
+    for _ in range(50):
+        x[i]
+    long_misses = len(calls)
+    for _ in range(3):
+        x[m]
+    return long_misses, len(calls) - long_misses
+
+
+def test_long_index_calls_stay_on_the_fast_path_on_gloo() -> None:
+    """#10.5, structurally (timings on a shared machine are noise): after the first call, x[i] with
+    long indices never calls back into Python propagation; each x[mask] does (by design)."""
+    from dtensor_rules.testing import run_gloo
+
+    for long_misses, mask_misses in run_gloo(_count_cache_misses, 2):
+        assert long_misses == 0
+        assert mask_misses >= 3
