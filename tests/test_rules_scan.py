@@ -79,7 +79,7 @@ def test_flip_rule_used_by_cumsum_backward_is_correct() -> None:
         (torch.float32, Partial("sum"), {}),
         (torch.float32, Partial("avg"), {}),
         (torch.int64, Partial("sum"), {}),  # tokens-per-expert -> offsets
-        (torch.float64, Partial("sum"), {"dtype": torch.float32}),
+        (torch.float64, Partial("sum"), {}),
         (torch.float32, Shard(0), {"dtype": torch.float64}),
         (torch.int32, Shard(0), {}),
     ],
@@ -95,6 +95,16 @@ def test_dtensor_cumsum_matches_single_device(dtype, placement, kwargs) -> None:
     expected = torch.cumsum(x, 1, **kwargs)
     assert got[0] == (placement, Replicate())  # carried through, no redistribution
     torch.testing.assert_close(got[1], expected)
+
+
+def test_dtensor_narrowing_dtype_reduces_the_partial_first() -> None:
+    """float64 P(sum) with dtype=float32: the cast is not additive (#13.1), so no Partial is carried."""
+    x = torch.randn(4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    with simulated_mesh((2,)) as mesh:
+        out = torch.cumsum(to_dtensor(x, mesh, [Partial("sum")]), 0, dtype=torch.float32)
+        got = out.placements, full_value(out)
+    assert not isinstance(got[0][0], Partial)
+    torch.testing.assert_close(got[1], torch.cumsum(x, 0, dtype=torch.float32))
 
 
 def test_dtensor_int32_partial_is_reduced_before_promoting_cumsum() -> None:
@@ -179,3 +189,79 @@ P(sum), P(sum)""")
 S(1), S(1), S(1)
 P(sum), P(sum), P(sum)
 P(avg), P(avg), P(avg)""")
+
+
+# ------------------------------------------------------------------ #13.1: Partial through a dtype cast
+CAST_SRC = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.int16, torch.uint8]
+CAST_DST = [None, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from([(2,), (4,), (2, 2), (2, 2, 2)]),
+    st.sampled_from(CAST_SRC),
+    st.sampled_from(CAST_DST),
+    st.sampled_from(["sum", "avg", "max", "min"]),
+    st.lists(st.integers(0, 4), min_size=1, max_size=2),
+    st.integers(0, 2**31 - 1),
+    st.data(),
+)
+def test_dtensor_cumsum_of_partial_through_cast_matches_single_device(mesh_shape, src, dst, reduce_op, shape, seed, data) -> None:
+    """Adversarial parts (cancelling fp32, rounding bf16, wrapping ints) of every Partial op through
+    every dtype= / promotion; oracle: reduce the parts, then plain torch.cumsum on the full tensor."""
+    assume(reduce_op != "avg" or src.is_floating_point)
+    from tests._partial_parts import adversarial_parts, assert_matches, partial_dtensor, reduce_parts
+
+    parts = adversarial_parts(src, shape, seed)
+    dim = data.draw(st.integers(0, len(shape) - 1))
+    kwargs = {} if dst is None else {"dtype": dst}
+    with simulated_mesh(mesh_shape) as mesh:
+        mesh_dim = data.draw(st.integers(0, mesh.ndim - 1))
+        full = reduce_parts(parts, reduce_op, mesh.shape[mesh_dim])
+        expected = torch.cumsum(full, dim, **kwargs)
+        got = full_value(torch.cumsum(partial_dtensor(parts, mesh, mesh_dim, reduce_op), dim, **kwargs))
+    mag = torch.cumsum(sum(p.double().abs() for p in parts), dim)  # a float Partial sum rounds relative to its parts
+    assert_matches(got, expected, mag, src)
+
+
+@pytest.mark.parametrize("reduce_op", ["sum", "avg", "max", "min"])
+@pytest.mark.parametrize("dst", CAST_DST, ids=str)
+@pytest.mark.parametrize("src", CAST_SRC, ids=str)
+def test_dtensor_cumsum_every_cast_pair(src, dst, reduce_op) -> None:
+    """Every (src, dtype=) pair on rows each repeating one adversarial pair (scanned along the row)."""
+    if reduce_op == "avg" and not src.is_floating_point:
+        pytest.skip("Partial(avg) needs a floating dtype")
+    from tests._partial_parts import assert_matches, pair_rows, partial_dtensor, reduce_parts
+
+    parts = pair_rows(src, 3)
+    kwargs = {} if dst is None else {"dtype": dst}
+    with simulated_mesh((2,)) as mesh:
+        expected = torch.cumsum(reduce_parts(parts, reduce_op, 2), 1, **kwargs)
+        got = full_value(torch.cumsum(partial_dtensor(parts, mesh, 0, reduce_op), 1, **kwargs))
+    assert_matches(got, expected, torch.cumsum(sum(p.double().abs() for p in parts), 1), src)
+
+
+def test_issue_13_1_fp16_cumsum_of_cancelling_partial() -> None:
+    from dtensor_rules._upstream import LocalTensor
+    from torch.distributed.tensor import DTensor
+
+    with simulated_mesh((2,)) as mesh:
+        lt = LocalTensor({0: torch.tensor([70000.0, 1, 1]), 1: torch.tensor([-70000.0, -1, 0])})
+        x = DTensor.from_local(lt, mesh, [Partial("sum")], run_check=False)
+        got = full_value(torch.cumsum(x, 0, dtype=torch.float16))
+    torch.testing.assert_close(got, torch.tensor([0.0, 0.0, 1.0], dtype=torch.float16))
+
+
+@pytest.mark.parametrize("mesh_shape, out_pl", [((2,), [Shard(1)]), ((2, 2), [Shard(0), Shard(1)])], ids=str)
+def test_dtensor_cumsum_out_sharded_on_scan_dim_is_a_clear_error(mesh_shape, out_pl) -> None:
+    """#13.6: was "min() arg is an empty sequence"; now names the out= layout and the fix."""
+    x = torch.randn(6, 4)
+    with simulated_mesh(mesh_shape) as mesh:
+        o = to_dtensor(torch.empty(6, 4), mesh, out_pl)
+        with pytest.raises(RuntimeError, match=r"out= DTensor .*Shard\(dim=1\).*can be one of \[.*S\(0\).*\].*functional op"):
+            torch.cumsum(to_dtensor(x, mesh, [Replicate()] * len(mesh_shape)), 1, out=o)
+        # a layout the rule can write still works, and the error was not cached as a decision
+        o2 = to_dtensor(torch.empty(6, 4), mesh, [Shard(0)] + [Replicate()] * (len(mesh_shape) - 1))
+        torch.cumsum(to_dtensor(x, mesh, [Replicate()] * len(mesh_shape)), 1, out=o2)
+        got = full_value(o2)
+    torch.testing.assert_close(got, x.cumsum(1))

@@ -56,6 +56,9 @@ from dtensor_rules._upstream.registries import (
     propagate,
     propagator,
     registry,
+    set_unbacked_sharding,
+    unwrap_cache_miss,
+    wrap_cache_miss,
 )
 from dtensor_rules._upstream.tensors import (
     LocalTensor,
@@ -82,6 +85,7 @@ from dtensor_rules._upstream.collectives import (
     shard_all_gather,
     shard_all_to_all,
     shard_from_replicate,
+    swap_partial_partition,
 )
 from dtensor_rules._upstream.meta import (
     DynamicOutputShapeException,

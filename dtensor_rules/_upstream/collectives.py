@@ -21,6 +21,7 @@ __all__ = [
     "funcol",
     "one_step_redistribute_cost",
     "partial_partition",
+    "swap_partial_partition",
     "partial_reduce",
     "partial_reduce_scatter",
     "redistribute_cost",
@@ -60,3 +61,10 @@ def partial_reduce_scatter(partial: Partial, local: torch.Tensor, mesh: DeviceMe
 def partial_partition(partial: Partial, local: torch.Tensor, mesh: DeviceMesh, mesh_dim: int) -> Any:
     """Replicate -> Partial (sum: v/n on every rank; max/min: the value everywhere)."""
     return partial._partition_value(local, mesh, mesh_dim)
+
+
+def swap_partial_partition(fn: Any) -> Any:
+    """Install ``fn`` as ``Partial``'s Replicate -> Partial method; returns the one it replaces."""
+    old = Partial.__dict__["_partition_value"]
+    Partial._partition_value = fn
+    return old

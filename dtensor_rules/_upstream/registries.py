@@ -14,6 +14,8 @@ SCHEMA_REGISTRIES = ("op_to_schema_info", "op_to_schema_info_for_single_dim_stra
 HANDLERS = "_custom_op_handlers"  # lives on DTensor._op_dispatcher, not on the propagator
 # the propagator's uncached output-metadata step (fake-tensor propagation), wrapped per instance
 META_STEP_ATTR = "_propagate_tensor_meta_non_cached"
+# what DTensor's C++ dispatch calls back on a sharding-cache miss; a non-OutputSharding return is the op's result
+SLOW_PATH_ATTR = "_propagate_op_sharding_dispatch_slow_path"
 
 
 def dispatcher() -> Any:
@@ -65,3 +67,27 @@ def dispatch_slow_path(op_call: Any, args: Any, kwargs: Any) -> Any:
 def op_info_for(op_call: Any, args: Any, kwargs: Any) -> Any:
     """The ``OpInfo`` (schema, local args) DTensor's dispatcher builds for one call."""
     return dispatcher().unwrap_to_op_info(op_call, args, kwargs)
+
+
+def wrap_cache_miss(make: Any) -> None:
+    """Shadow the dispatcher's cache-miss callback with ``make(original)`` (an instance attribute)."""
+    d = dispatcher()
+    setattr(d, SLOW_PATH_ATTR, make(getattr(d, SLOW_PATH_ATTR)))
+
+
+def unwrap_cache_miss() -> None:
+    """Undo :func:`wrap_cache_miss`: the class method shows through again."""
+    d = dispatcher()
+    if SLOW_PATH_ATTR in vars(d):
+        delattr(d, SLOW_PATH_ATTR)
+
+
+def set_unbacked_sharding(op: Any, allow: bool | None) -> bool:
+    """Set ``allow_unbacked_sharding`` of ``op``'s installed single-dim rule (False: a dim of unknown
+    size is not sharded anew, an input already sharded on it may stay so; None: upstream's default,
+    a data-dependent guard). Returns whether the op has an installed single-dim rule."""
+    info = propagator().op_single_dim_strategy_funcs.get(op)
+    if info is None:
+        return False
+    info.allow_unbacked_sharding = allow
+    return True

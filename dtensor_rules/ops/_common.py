@@ -68,3 +68,26 @@ def nbytes(t: torch.Tensor) -> int:
         elif size == 0:
             n = 0
     return n * t.element_size()
+
+
+def size_is(size: Any, n: Any) -> bool | None:
+    """``size == n`` when statically known (True / False), None when it depends on data.
+
+    Rules branch on sizes; with symbolic (unbacked) sizes a plain ``==`` would guard on data.
+    Callers treat None as "do not offer the strategy that needs the answer" (a safe, smaller set).
+    """
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    if statically_known_true(size == n):
+        return True
+    if statically_known_true(size != n):
+        return False
+    return None
+
+
+def sym_numel(shape: Sequence[Any]) -> Any:
+    """Product of a shape's sizes without specializing symbolic ones (``numel`` calls ``int``)."""
+    n: Any = 1
+    for s in shape:
+        n = n * s
+    return n

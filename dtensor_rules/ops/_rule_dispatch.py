@@ -9,7 +9,9 @@ run at all. Upstream's extension point for ops needing custom dispatch is
 
 1. expands our single-dim rule to the mesh with ``expand_to_full_mesh_op_strategy`` (the
    same expansion dispatch uses, ``out=`` filtering included) and picks the cheapest
-   strategy with upstream's ``select_min_cost_strategy``;
+   strategy with upstream's ``select_min_cost_strategy``; the choice is cached on (op, rule,
+   input specs, non-tensor arguments) as DTensor caches its own propagation, so a repeated
+   call costs a dict lookup;
 2. redistributes the inputs to it (an ``out=`` tensor is never redistributed: the
    expansion only offers strategies whose output is laid out like it);
 3. runs the op on the local tensors and wraps the result with the strategy's output
@@ -21,13 +23,13 @@ Partial of it), so the handler refuses a strategy with a Shard output instead of
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 import torch
 from torch._ops import OpOverload
 from torch.distributed.tensor import DTensor
 from dtensor_rules._upstream import (
-    dispatch_slow_path,
     DTensorSpec,
     expand_to_mesh,
     local_tensor,
@@ -60,6 +62,59 @@ def _functional(op: OpOverload) -> OpOverload:
     raise RuntimeError(f"{op}: no functional overload to compute the result with")
 
 
+_CHOICES: dict[Hashable, OpSpec] = {}
+_MAX_CHOICES = 4096
+
+
+def _cache_key(op_call: OpOverload, rule: Any, leaves: list[Any], dtensors: list[DTensor], kwargs: dict[str, object]) -> Hashable | None:
+    """What the chosen strategy depends on: op, rule, every DTensor's spec (placements, shape,
+    stride, dtype), every non-tensor argument; None (do not cache) if any is unhashable (SymInt)."""
+    key = (op_call, rule.strategy, tuple(spec_of(d) for d in dtensors), tuple(kwargs),
+           tuple(None if isinstance(x, torch.Tensor) else (type(x), x) for x in leaves))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _choose(op_call: OpOverload, rule: Any, mesh: Any, leaves: list[Any], dtensors: list[DTensor],
+            kwargs: dict[str, object], swap: Any) -> OpSpec:
+    """The cheapest full-mesh strategy of our rule for these inputs, cached like DTensor's propagation."""
+    key = _cache_key(op_call, rule, leaves, dtensors, kwargs)
+    if key is not None and key in _CHOICES:
+        return _CHOICES[key]
+    from dtensor_rules import registry
+
+    n_out = sum(1 for r in op_call._schema.returns if "Tensor" in str(r.type))
+    meta_args, meta_kwargs = swap(lambda d: spec_of(d).tensor_meta)
+    rows = registry._checked_single_dim(rule)(op_call, meta_args, meta_kwargs)
+    rows = [[Shard(p.dim) if isinstance(p, ShardingPlaceholder) else p for p in r] for r in rows]
+    rows.insert(0, [Replicate()] * (n_out + len(dtensors)))
+    s_args, s_kwargs = swap(lambda d: OpStrategy([OpSpec(spec_of(d))]))
+    strategy = expand_to_mesh(
+        mesh,
+        OpSchema(op_call, tuple(s_args), s_kwargs),
+        rows,
+        input_index=n_out,
+        allow_uneven_sharding=rule.allow_uneven_sharding,
+    )
+    if not strategy.strategies:
+        outs = [f"{k}={tuple(v.placements)}" for k, v in kwargs.items() if k in _out_arg_names(op_call)]
+        offered = sorted({str(r[0]) for r in rows})
+        raise RuntimeError(
+            f"{op_call}: its rule offers no output laid out like the out= tensor ({', '.join(outs)}); "
+            f"pass an out= DTensor laid out as the result can be (per mesh dim one of {offered}), "
+            "or call the functional op"
+        )
+    chosen = select_min_cost_strategy(strategy)
+    if key is not None:
+        if len(_CHOICES) >= _MAX_CHOICES:
+            _CHOICES.clear()
+        _CHOICES[key] = chosen
+    return chosen
+
+
 def rule_dispatch(op_call: OpOverload, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
     """Run ``op_call`` on DTensors through our registered single-dim rule (see module docstring)."""
     from dtensor_rules import registry
@@ -82,28 +137,7 @@ def rule_dispatch(op_call: OpOverload, args: tuple[object, ...], kwargs: dict[st
     def swap(fn: Any) -> tuple[Any, Any]:
         return pytree.tree_unflatten([fn(x) if isinstance(x, DTensor) else x for x in leaves], tree)
 
-    meta_args, meta_kwargs = swap(lambda d: spec_of(d).tensor_meta)
-    n_out = sum(1 for r in op_call._schema.returns if "Tensor" in str(r.type))
-    rows = registry._checked_single_dim(rule)(op_call, meta_args, meta_kwargs)
-    rows = [[Shard(p.dim) if isinstance(p, ShardingPlaceholder) else p for p in r] for r in rows]
-    rows.insert(0, [Replicate()] * (n_out + len(dtensors)))
-    s_args, s_kwargs = swap(lambda d: OpStrategy([OpSpec(spec_of(d))]))
-    strategy = expand_to_mesh(
-        mesh,
-        OpSchema(op_call, tuple(s_args), s_kwargs),
-        rows,
-        input_index=n_out,
-        allow_uneven_sharding=rule.allow_uneven_sharding,
-    )
-    if not strategy.strategies:
-        outs = [f"{k}={tuple(v.placements)}" for k, v in kwargs.items() if k in _out_arg_names(op_call)]
-        offered = sorted({str(r[0]) for r in rows})
-        raise RuntimeError(
-            f"{op_call}: its rule offers no output laid out like the out= tensor ({', '.join(outs)}); "
-            f"pass an out= DTensor laid out as the result can be (per mesh dim one of {offered}), "
-            "or call the functional op"
-        )
-    chosen = select_min_cost_strategy(strategy)
+    chosen = _choose(op_call, rule, mesh, leaves, dtensors, kwargs, swap)
     out_spec = chosen.output_spec
     if any(isinstance(p, Shard) for p in out_spec.placements):
         raise RuntimeError(f"{op_call}: rule_dispatch cannot size a sharded output ({out_spec.placements})")
@@ -141,41 +175,3 @@ def rule_dispatch(op_call: OpOverload, args: tuple[object, ...], kwargs: dict[st
         set_spec(out, spec)
         return out
     return DTensor(result, spec, requires_grad=False)
-
-
-def _is_mask(x: object) -> bool:
-    return isinstance(x, torch.Tensor) and x.dtype in (torch.bool, torch.uint8)
-
-
-def masks_to_indices(indices: list[object]) -> list[object]:
-    """Replace each bool mask in an index list by the long index tensors it stands for.
-
-    ``x[mask]`` is ``x[mask.nonzero().unbind(1)]`` (torch expands masks the same way). The
-    mask is replicated first, so every rank computes the same coordinates locally and the
-    long indices are Replicate DTensors of identical shape on every rank.
-    """
-    out: list[object] = []
-    for idx in indices:
-        if not _is_mask(idx):
-            out.append(idx)
-            continue
-        if not isinstance(idx, DTensor):
-            raise RuntimeError("aten.index.Tensor: a plain-tensor bool mask mixed with DTensors; make it a DTensor")
-        mesh = idx.device_mesh
-        full = idx.redistribute(mesh, [Replicate()] * mesh.ndim).to_local()
-        for coord in full.bool().nonzero(as_tuple=True):
-            out.append(DTensor.from_local(coord, mesh, [Replicate()] * mesh.ndim, run_check=False))
-    return out
-
-
-def index_dispatch(op_call: OpOverload, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
-    """``aten.index.Tensor`` through DTensor, bool masks included.
-
-    DTensor's fake-tensor meta step cannot size ``x[mask]`` (``aten.nonzero`` has a data
-    dependent shape), so masks become long indices first (:func:`masks_to_indices`); then
-    the call takes upstream's own Python dispatch path (propagate with the installed rule,
-    redistribute, run locally, wrap), which does not come back to this handler.
-    """
-    if len(args) > 1 and isinstance(args[1], (list, tuple)) and any(_is_mask(i) for i in args[1]):
-        args = (args[0], masks_to_indices(list(args[1])), *args[2:])
-    return dispatch_slow_path(op_call, args, kwargs)

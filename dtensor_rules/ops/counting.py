@@ -13,6 +13,8 @@ P(sum)                 S(d), any d      a histogram with FIXED bin edges is a su
 R                      R                implied
 =====================  ===============  ============================================================
 
+- a symbolic element count (torch.compile with unbacked sizes) is not known to be within the
+  exact range: only R (no guard on data).
 - ``min == max`` (the default 0, 0 included) means "use the data's own min and max": each rank
   would bin its shard with its own range, so only R is valid.
 - counts beyond the dtype's exact integer range are rounded, and single-device torch rounds them
@@ -59,7 +61,9 @@ import torch
 from dtensor_rules._upstream import ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
-from dtensor_rules.ops._common import PlacementOrHole, numel
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from dtensor_rules.ops._common import PlacementOrHole, sym_numel
 from dtensor_rules.ops._rule_dispatch import rule_dispatch
 from dtensor_rules.ops._schema_args import row, schema_arg
 from dtensor_rules.ops.scan import linear_partials
@@ -77,8 +81,10 @@ def exact_count_limit(dtype: torch.dtype) -> int:
     return round(2 / torch.finfo(dtype).eps)  # 2 ** (mantissa bits + 1)
 
 
-def _scalar(x: Any) -> float:
-    return float(x.item() if hasattr(x, "item") else x)
+def _scalar(x: Any) -> float | None:
+    """A bin edge as a float; None if symbolic (then only R is offered: no guard on data)."""
+    x = x.item() if hasattr(x, "item") else x
+    return float(x) if isinstance(x, (int, float)) else None
 
 
 @register(HISTC)
@@ -86,8 +92,10 @@ def histc_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole
     """Fixed bin edges (min != max): any input dim sharded -> P(sum) counts; else replicate only."""
     self_meta = args[0]
     lo, hi = _scalar(schema_arg(op, args, kwargs, "min")), _scalar(schema_arg(op, args, kwargs, "max"))
-    if lo == hi or numel(self_meta.shape) > exact_count_limit(self_meta.dtype):
+    if lo is None or hi is None or lo == hi:
         return []
+    if not statically_known_true(sym_numel(self_meta.shape) <= exact_count_limit(self_meta.dtype)):
+        return []  # counts may exceed the exact range (or the size is symbolic): replicate
     total = Partial("sum")
     return [
         row(op, args, kwargs, [total], {"self": ShardingPlaceholder(d), "out": total})
@@ -95,11 +103,11 @@ def histc_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole
     ]
 
 
-def bincount_dtype(weights_dtype: torch.dtype, self_numel: int) -> torch.dtype:
+def bincount_dtype(weights_dtype: torch.dtype, self_numel: Any) -> torch.dtype:
     """bincount counts float32 / float64 weights in their own dtype, every other dtype in float64;
     an empty ``self`` gives int64 zeros whatever the weights (a torch quirk)."""
-    if self_numel == 0:
-        return torch.int64
+    if statically_known_true(self_numel == 0):
+        return torch.int64  # (an unknown size that turns out 0 gives int64 zeros: a Partial of zeros is still exact)
     return weights_dtype if weights_dtype in (torch.float32, torch.float64) else torch.float64
 
 
@@ -110,7 +118,7 @@ def bincount_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrH
     if weights is None:
         return []
     rows = []
-    for reduce_op in linear_partials(weights.dtype, bincount_dtype(weights.dtype, numel(args[0].shape))):
+    for reduce_op in linear_partials(weights.dtype, bincount_dtype(weights.dtype, sym_numel(args[0].shape))):
         p = Partial(reduce_op)
         rows.append(row(op, args, kwargs, [p], {"self": Replicate(), "weights": p, "out": p}))
     return rows

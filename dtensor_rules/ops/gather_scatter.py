@@ -60,6 +60,11 @@ amax/amin, True        P(op), P(op)|R, S(dim), S(dim)                           
                        (only if index.size(dim) == src.size(dim))                fold is associative
 =====================  ========================================================  ==============================
 
+Symbolic sizes (torch.compile): "equal size on d" and "index.size(dim) == src.size(dim)" must be
+statically known (``size_is``); an unknown (unbacked) size drops those rows, never guards.
+Integer self with index-sharded rows: a replicated self reaches P(sum) through the exact integer
+partition (value on coordinate 0, zeros elsewhere; ``ops/_partial.py``), not upstream's v / n.
+
 Not offered anywhere: the indexed dim of self sharded (index values are global
 coordinates), index Partial (indices are not additive), sharding d with unequal sizes.
 Upstream torch 2.13 has no Partial strategy for any of these, and its scatter_add checks
@@ -74,7 +79,7 @@ import torch
 from dtensor_rules._upstream import ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate
 
-from dtensor_rules.ops._common import PlacementOrHole, metas, normalize_dim
+from dtensor_rules.ops._common import PlacementOrHole, metas, normalize_dim, size_is
 from dtensor_rules.ops._partial import partial_ops
 from dtensor_rules.registry import register
 
@@ -100,7 +105,8 @@ def _equal_size_dims(dim: int, *shapes: Any) -> list[int]:
     if len(ndims) != 1:
         return []
     ndim = ndims.pop()
-    return [d for d in range(ndim) if d != dim and len({s[d] for s in shapes}) == 1]
+    # statically known equal only: an unknown (unbacked) size is not sharded (safe, fewer strategies)
+    return [d for d in range(ndim) if d != dim and all(size_is(s[d], shapes[0][d]) for s in shapes)]
 
 
 def _shard_rows(dim: int, n_tensors: int, *shapes: Any) -> list[Row]:
@@ -143,7 +149,7 @@ def _index_sharded_sum_row(dim: int, self_m: Any, index_m: Any, src_m: Any) -> l
     """(P(sum), P(sum), S(dim), S(dim)): each rank scatters its rows of src; valid if index/src rows align."""
     if (
         len(index_m.shape) == len(src_m.shape) == len(self_m.shape) > 0
-        and index_m.shape[dim] == src_m.shape[dim]
+        and size_is(index_m.shape[dim], src_m.shape[dim])
     ):
         P, S = Partial("sum"), ShardingPlaceholder(dim)
         return [[P, P, S, S]]
@@ -193,8 +199,8 @@ def scatter_src_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
 
 def _is_zero(value: Any) -> bool:
     try:
-        return bool(value == 0)
-    except Exception:  # a symbolic scalar: do not assume
+        return bool(size_is(value, 0))  # a symbolic scalar not known to be 0: do not assume
+    except Exception:
         return False
 
 

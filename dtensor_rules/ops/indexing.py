@@ -46,7 +46,8 @@ positions); sharded index tensors without accumulate (the other ranks' coordinat
 old self values); P(sum) with a replicated self or values (counted once per rank); P(max)
 values with accumulate (duplicates add several values); masks sharded (the result length per
 rank is data dependent, not a chunk) unless values is constant along the nonzero list. In-place variants only get strategies with out == self.
-``Partial`` needs a non-bool dtype, ``P(avg)`` a floating one.
+``Partial`` needs a non-bool dtype, ``P(avg)`` a floating one. Symbolic sizes: whether an index or
+values dim broadcasts (size 1) must be statically known; if not, rows that depend on it are dropped.
 
 Duplicate coordinates with ``accumulate=False`` are nondeterministic on one device already; the
 strategies above keep the same "one write wins" semantics per rank but a sum of per-rank
@@ -54,11 +55,11 @@ partials can mix winners, so the sample suites keep such indices unique.
 
 Bool masks through DTensor. torch 2.13's DTensor cannot size ``x[mask]`` in its fake-tensor
 meta step (``aten.nonzero`` has a data-dependent shape) and fails before consulting any rule.
-``index.Tensor`` is therefore installed with a dispatch handler
-(:func:`dtensor_rules.ops._rule_dispatch.index_dispatch`) that replicates each mask, turns it
-into the long index tensors it stands for (identical on every rank) and then runs upstream's
-Python dispatch path with this rule. Cost: ``index.Tensor`` calls leave DTensor's C++ fast
-path (the Python path is the one DTensor itself falls back to on a cache miss).
+The ``cache_miss_hook`` patch (:mod:`dtensor_rules.ops._cache_miss`) catches such calls on
+DTensor's sharding-cache miss (they always miss), checks the mask shapes (torch's IndexError),
+turns each replicated mask into the long index tensors it stands for and runs the call with
+them through this rule. Calls without masks never see it: after their first call they are
+served by DTensor's C++ fast path like any op.
 
 Layouts the validator finds valid on the suites but not emitted, each valid only by luck of the
 sample: a Partial(max/min) INDEX tensor (ranks hold different, still in-range indices; the
@@ -77,8 +78,8 @@ import torch
 from dtensor_rules._upstream import ShardingPlaceholder, TensorMeta
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
-from dtensor_rules.ops._common import PlacementOrHole
-from dtensor_rules.ops._rule_dispatch import index_dispatch
+from dtensor_rules.ops._common import PlacementOrHole, size_is
+from dtensor_rules.ops import _cache_miss, _unbacked  # noqa: F401  (register the cache_miss_hook, unbacked_sharding patches)
 from dtensor_rules.registry import register
 
 aten = torch.ops.aten
@@ -120,7 +121,7 @@ class IndexLayout:
         size = 1
         for shape in self.index_shapes:
             k = b - (self.index_ndim - len(shape))
-            if k >= 0 and shape[k] != 1:
+            if k >= 0 and size_is(shape[k], 1) is not True:
                 size = shape[k]
         return size
 
@@ -129,12 +130,12 @@ class IndexLayout:
         out: list[PlacementOrHole] = []
         for shape in self.index_shapes:
             k = b - (self.index_ndim - len(shape))
-            if k < 0 or shape[k] == 1:
-                out.append(Replicate())
-            elif shape[k] == _MASK:
+            if k >= 0 and isinstance(shape[k], int) and shape[k] == _MASK:
                 return None  # a mask's nonzero list cannot be cut into chunks
-            else:
-                out.append(ShardingPlaceholder(k))
+            one = True if k < 0 else size_is(shape[k], 1)
+            if one is None:
+                return None  # broadcast or not depends on data: do not split
+            out.append(Replicate() if one else ShardingPlaceholder(k))
         return out
 
 
@@ -179,8 +180,7 @@ def _partial_ops(dtype: torch.dtype) -> tuple[str, ...]:
     return ("sum", "avg", "max", "min") if dtype.is_floating_point or dtype.is_complex else ("sum", "max", "min")
 
 
-@register([aten.index.Tensor], handler=index_dispatch)
-@register([aten.index.Tensor_out, aten.index.Tensor_hacked_twin])
+@register([aten.index.Tensor, aten.index.Tensor_out, aten.index.Tensor_hacked_twin])
 def index_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Pass non-indexed dims through, split the index shape with the index tensors, pass any Partial."""
     self_meta, indices = args[0], args[1]
@@ -207,12 +207,14 @@ def index_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole
     return strategies
 
 
-def _values_placement(lay: IndexLayout, values: TensorMeta, result_dim: int) -> PlacementOrHole:
-    """values is right-aligned to the indexed view; shard its aligned dim unless it broadcasts."""
+def _values_placement(lay: IndexLayout, values: TensorMeta, result_dim: int) -> PlacementOrHole | None:
+    """values is right-aligned to the indexed view; shard its aligned dim unless it broadcasts
+    (None when whether it broadcasts depends on a symbolic size: no strategy then)."""
     k = result_dim - (lay.result_ndim - len(values.shape))
-    if k < 0 or values.shape[k] == 1:
-        return Replicate()
-    return ShardingPlaceholder(k)
+    one = True if k < 0 else size_is(values.shape[k], 1)
+    if one is None:
+        return None
+    return Replicate() if one else ShardingPlaceholder(k)
 
 
 def _same(p: PlacementOrHole, q: PlacementOrHole) -> bool:
@@ -231,7 +233,7 @@ def _mask_strategies(lay: IndexLayout, values: TensorMeta, row: Any) -> list[lis
         return out
     for slot, first, rank in lay.masks:
         others = [s for i, s in enumerate(lay.index_shapes) if i != slot]
-        if any(len(s) and s[-1] != 1 for s in others):  # another index tensor (or mask) varies along the nonzero list
+        if any(len(s) and size_is(s[-1], 1) is not True for s in others):  # another index tensor (or mask) varies along the nonzero list
             continue
         for k in range(rank):
             idx_p: list[PlacementOrHole] = [Replicate()] * len(lay.index_shapes)
@@ -258,8 +260,9 @@ def index_put_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOr
         return [out, self_p, *idx, v] + ([out] if has_out else [])
 
     strategies = [
-        row(ShardingPlaceholder(d), ShardingPlaceholder(d), [R] * n_idx, _values_placement(lay, values, lay.result_pos(d)))
+        row(ShardingPlaceholder(d), ShardingPlaceholder(d), [R] * n_idx, v)
         for d in lay.non_indexed
+        if (v := _values_placement(lay, values, lay.result_pos(d))) is not None
     ]
     strategies += _mask_strategies(lay, values, row)
     ops = _partial_ops(self_meta.dtype)
@@ -269,7 +272,9 @@ def index_put_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOr
             if idx_p is None or all(isinstance(p, Replicate) for p in idx_p):
                 continue
             P = Partial("sum")
-            strategies.append(row(P, P, idx_p, _values_placement(lay, values, lay.insert + b)))
+            v = _values_placement(lay, values, lay.insert + b)
+            if v is not None:
+                strategies.append(row(P, P, idx_p, v))
     for reduce_op in ops:
         P = Partial(reduce_op)
         if reduce_op == "sum":

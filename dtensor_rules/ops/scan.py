@@ -8,11 +8,10 @@ out                    self             why it is valid
 S(d), d != dim         S(d)             each 1-D slice along ``dim`` is scanned on its own; ranks
                                         hold whole slices
 P(sum)                 P(sum)           cumsum is linear: sum_i cumsum(x_i) = cumsum(sum_i x_i).
-                                        Offered when the result dtype equals the input dtype (for
-                                        integers that is exact modular arithmetic) or both are
-                                        floating with the result no more precise than the input
-                                        (equal up to float rounding, as any reordered sum)
-P(avg)                 P(avg)           linear maps commute with the mean; floating in and out only
+                                        Offered only when the result dtype equals the input dtype
+                                        (``partial_survives_cast``; for integers that is exact
+                                        modular arithmetic)
+P(avg)                 P(avg)           linear maps commute with the mean; floating, same dtype
 R                      R                implied
 =====================  ===============  ============================================================
 
@@ -21,6 +20,9 @@ Not offered, and why (each is wrong for some input):
 - ``dim`` sharded: later shards need the running total of earlier ones (a carry across ranks).
 - P(max) / P(min): a prefix sum is not monotone in the max sense (cumsum([3, -5]) = [3, -2],
   cumsum([0, 0]) = [0, 0]: the max of the parts' cumsums is [3, 0], cumsum of their max is [3, -2]).
+- Partial into a LESS precise float (``cumsum(x_fp32, dtype=float16)``): each part is cast
+  on its own and may overflow where the sum does not (parts 70000 and -70000 become fp16 inf and
+  -inf, reduced to NaN; single device gives 0), or round differently than the sum.
 - Partial into a MORE precise float (``cumsum(x_fp32, dtype=float64)``, bf16 -> fp32): a Partial
   input's value is the reduction of its parts rounded to the input dtype; carrying the parts
   through gives the unrounded sum, off by one input-dtype rounding, which the wider result exposes.
@@ -43,6 +45,7 @@ from dtensor_rules._upstream import ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial
 
 from dtensor_rules.ops._common import PlacementOrHole, normalize_dim
+from dtensor_rules.ops._partial import partial_survives_cast
 from dtensor_rules.ops._schema_args import row, schema_arg
 from dtensor_rules.registry import register
 
@@ -64,15 +67,9 @@ def cumsum_result_dtype(op: Any, self_dtype: torch.dtype, dtype: torch.dtype | N
 
 
 def linear_partials(in_dtype: torch.dtype, out_dtype: torch.dtype) -> list[str]:
-    """The Partial reduce ops a linear map from ``in_dtype`` to ``out_dtype`` carries through."""
-    if in_dtype == torch.bool or out_dtype == torch.bool:
-        return []
-    in_float, out_float = in_dtype.is_floating_point, out_dtype.is_floating_point
-    if in_float and out_float and torch.finfo(out_dtype).eps >= torch.finfo(in_dtype).eps:
-        return ["sum", "avg"]
-    if in_dtype == out_dtype and not in_dtype.is_complex:
-        return ["sum"]  # integers: exact modular arithmetic
-    return []
+    """The Partial reduce ops a linear map from ``in_dtype`` to ``out_dtype`` carries through:
+    sum / avg where the cast between them is additive (only the identity, see ``partial_survives_cast``)."""
+    return [op for op in ("sum", "avg") if partial_survives_cast(op, in_dtype, out_dtype)]
 
 
 @register(CUMSUM)
