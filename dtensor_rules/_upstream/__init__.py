@@ -80,6 +80,8 @@ from dtensor_rules._upstream.collectives import (
 )
 from dtensor_rules._upstream.meta import (
     DynamicOutputShapeException,
+    FAKE_TENSOR_LOGGER,
+    META_FAILURE_MESSAGE,
     FakeTensor,
     FakeTensorMode,
     create_grouped_mm_output_tensor,

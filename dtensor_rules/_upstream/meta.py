@@ -8,6 +8,8 @@ from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTenso
 
 __all__ = [
     "DynamicOutputShapeException",
+    "FAKE_TENSOR_LOGGER",
+    "META_FAILURE_MESSAGE",
     "FakeTensor",
     "FakeTensorMode",
     "create_grouped_mm_output_tensor",
@@ -25,3 +27,8 @@ def create_grouped_mm_output_tensor(mat_a: Any, mat_b: Any, offs: Any, out_dtype
 def ensure_prims_fma() -> None:
     """Define ``torch.ops.prims.fma`` (inductor defines it; importing inductor costs ~2 s)."""
     import torch._inductor.inductor_prims  # noqa: F401
+
+
+# the logger FakeTensorMode reports a failing meta kernel on (at ERROR, with a traceback)
+FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"
+META_FAILURE_MESSAGE = "failed while attempting to run meta for %s"
