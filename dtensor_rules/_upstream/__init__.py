@@ -50,6 +50,7 @@ from dtensor_rules._upstream.registries import (
     clear_sharding_caches,
     custom_op_handlers,
     dispatch_slow_path,
+    dispatch_with_local_fix,
     dispatcher,
     propagator,
     registry,

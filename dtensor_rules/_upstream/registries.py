@@ -60,3 +60,22 @@ def dispatch_slow_path(op_call: Any, args: Any, kwargs: Any) -> Any:
     d.sharding_propagator.propagate(op_info)
     local = d._dispatch_get_local_results_slow_path(op_call, args, op_info)
     return d.wrap(local, op_info.output_sharding.output_spec)
+
+
+def dispatch_with_local_fix(op_call: Any, args: Any, kwargs: Any, fix_local: Any) -> Any:
+    """Upstream's Python dispatch path with ``fix_local(tensor)`` applied to every local tensor
+    argument after redistribution, right before the local op runs (e.g. re-lay out a shard)."""
+    import dataclasses
+
+    import torch
+
+    d = dispatcher()
+    op_info = d.unwrap_to_op_info(op_call, args, kwargs)
+    d.sharding_propagator.propagate(op_info)
+    sharding = op_info.output_sharding
+    if sharding.needs_redistribute:
+        d.redistribute_local_args(op_info, sharding.redistribute_schema, sharding.use_val_from_redistribute_schema)
+        op_info.output_sharding = dataclasses.replace(sharding, needs_redistribute=False)
+    op_info.local_args = tuple(fix_local(a) if isinstance(a, torch.Tensor) else a for a in op_info.local_args)
+    local = d._dispatch_get_local_results_slow_path(op_call, args, op_info)
+    return d.wrap(local, sharding.output_spec)
