@@ -54,6 +54,8 @@ from dtensor_rules._upstream.registries import (
     dispatcher,
     propagator,
     registry,
+    run_local_and_wrap,
+    unwrap_to_op_info,
 )
 from dtensor_rules._upstream.tensors import (
     LocalTensor,
@@ -87,6 +89,8 @@ from dtensor_rules._upstream.meta import (
     FakeTensorMode,
     create_grouped_mm_output_tensor,
     ensure_prims_fma,
+    on_prims_fma_defined,
+    prims_fma_defined,
 )
 
 __all__ = [name for name in dir() if not name.startswith("_")]
