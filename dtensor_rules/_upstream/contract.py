@@ -40,7 +40,7 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(f"{_T}._ops.single_dim_strategy", "_expand_single_dim_strategy_to_mesh",
                 params=("mesh", "op_schema", "strategy_info", "output_tensor_meta")),
     Requirement(f"{_T}._ops.utils", "expand_to_full_mesh_op_strategy",
-                params=("mesh", "op_schema", "input_index", "inplace_op", "allow_uneven_sharding"),
+                params=("mesh", "op_schema", "input_index", "inplace_op", "allow_uneven_sharding", "allow_unbacked_sharding"),
                 any_of=("full_mesh_strategy_filter", "is_valid_strategy_cb"), why="expand_to_mesh"),
     Requirement(f"{_T}._ops.utils", "is_tensor_shardable"),
     Requirement(f"{_T}._sharding_prop", "_select_min_cost_strategy"),

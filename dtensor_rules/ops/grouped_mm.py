@@ -199,14 +199,11 @@ def grouped_mm_strategy(op_schema: OpSchema) -> OpStrategy:
             for m, spec in ((a, input_specs[0]), (b, input_specs[1]))
         )
 
-    strategy = expand_to_mesh(
-        mesh, op_schema, rows, output_tensor_meta=out_meta, input_index=1, allow_uneven_sharding=True,
-        strategy_filter=no_copy_needed,
-    )
+    # allow_unbacked_sharding=False: an unbacked size not known to reach the shard count is not split
+    kw = dict(output_tensor_meta=out_meta, input_index=1, allow_uneven_sharding=True, allow_unbacked_sharding=False)
+    strategy = expand_to_mesh(mesh, op_schema, rows, strategy_filter=no_copy_needed, **kw)
     if not strategy.strategies:  # nothing the kernel accepts: all-Replicate, so torch raises its own stride error
-        strategy = expand_to_mesh(
-            mesh, op_schema, rows[:1], output_tensor_meta=out_meta, input_index=1, allow_uneven_sharding=True
-        )
+        strategy = expand_to_mesh(mesh, op_schema, rows[:1], **kw)
     return strategy
 
 

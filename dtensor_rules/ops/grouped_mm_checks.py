@@ -33,9 +33,9 @@ def kernel_accepts_layout(shape: Sequence[Any], stride: Sequence[Any], itemsize:
     end = len(shape) - 1
     align = alignment(itemsize)
     s0, s1 = stride[end - 1], stride[end]
-    if guard_or_false(s0 == 1) and guard_or_false(s1 >= max(1, shape[end - 1])):
+    if guard_or_false(s0 == 1) and guard_or_false(s1 >= torch.sym_max(1, shape[end - 1])):
         return guard_or_false(s1 % align == 0)
-    if guard_or_false(s1 == 1) and guard_or_false(s0 >= max(1, shape[end])):
+    if guard_or_false(s1 == 1) and guard_or_false(s0 >= torch.sym_max(1, shape[end])):
         return guard_or_false(s0 % align == 0)
     return False
 
@@ -112,20 +112,21 @@ def check_call(a: torch.Tensor, b: torch.Tensor, offs: Any, bias: Any, out_dtype
         raise RuntimeError(f"aten._grouped_mm: {reason}")
 
 
-def local_size_sets(shape: Sequence[Any], shard_dims: Sequence[int | None], mesh_shape: Sequence[int]) -> list[set[Any]] | None:
+def local_size_sets(shape: Sequence[Any], shard_dims: Sequence[int | None], mesh_shape: Sequence[int]) -> list[list[Any]] | None:
     """Per tensor dim, the distinct local sizes over all ranks (``shard_dims[i]``: the tensor dim
     mesh dim ``i`` shards, or None). At most 3 per mesh dim (full chunk, remainder, empty), so this
-    is per (mesh dim, local size) work, never per rank. None if a symbolic size would need a guard."""
-    sizes: list[set[Any]] = [{s} for s in shape]
+    is per (mesh dim, local size) work, never per rank. None if a symbolic size would need a guard.
+    (Lists, not sets: symbolic sizes are not hashable.)"""
+    sizes: list[list[Any]] = [[s] for s in shape]
     for mesh_dim, d in enumerate(shard_dims):
         if d is None:
             continue
-        k, new = mesh_shape[mesh_dim], set()
+        k, new = mesh_shape[mesh_dim], []
         for s in sizes[d]:
             if isinstance(s, int):
-                new |= chunk_sizes(s, k)
+                new += [c for c in sorted(chunk_sizes(s, k)) if c not in new]
             elif guard_or_false(s % k == 0):  # symbolic: only an even split has one known size
-                new.add(s // k)
+                new.append(s // k)
             else:
                 return None
         sizes[d] = new
