@@ -41,11 +41,10 @@ from typing import Any
 
 import torch
 from torch.distributed.tensor.placement_types import Partial, Replicate
-from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from dtensor_rules._upstream import ShardingPlaceholder, ensure_prims_fma, on_prims_fma_defined
+from dtensor_rules._upstream import ensure_prims_fma, on_prims_fma_defined
 from dtensor_rules.costs.formulas.pointwise import fma_bytes, fma_flops, register_fma_formula
-from dtensor_rules.ops._common import PlacementOrHole, broadcast_shape, metas
+from dtensor_rules.ops._common import PlacementOrHole, broadcast_shape, metas, shard_through_broadcast
 from dtensor_rules.ops._compact_dispatch import compact_dispatch, compact_rows
 from dtensor_rules.ops._partial import partial_ops
 from dtensor_rules.ops._partial_cast import partial_survives_cast
@@ -59,30 +58,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _shard_rows(out_shape: Any, in_shapes: list[Any]) -> list[list[PlacementOrHole]]:
-    """Per output dim d: ``[S(d), S(aligned dim) or R for each input]`` (R where the input broadcasts).
-
-    Only a size *known* to be 1 counts as broadcast (``guard_or_false``: no guard on an unbacked
-    size; torch's own broadcasting assumes an unbacked size is not 1 as well). An output dim
-    every input broadcasts is not offered.
-    """
-    rows: list[list[PlacementOrHole]] = []
-    nd = len(out_shape)
-    for d in range(nd):
-        row: list[PlacementOrHole] = [ShardingPlaceholder(d)]
-        for shape in in_shapes:
-            k = d - (nd - len(shape))
-            row.append(ShardingPlaceholder(k) if k >= 0 and not guard_or_false(shape[k] == 1) else Replicate())
-        if any(isinstance(p, ShardingPlaceholder) for p in row[1:]):
-            rows.append(row)
-    return rows
-
-
 def fma_rows(a: Any, b: Any, c: Any) -> list[list[PlacementOrHole]]:
     """Every row of the table above valid for these operand metas (dtypes decide the Partial rows)."""
     out_shape = broadcast_shape(a.shape, b.shape, c.shape)
     out_dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), c.dtype)
-    rows = _shard_rows(out_shape, [a.shape, b.shape, c.shape])
+    rows = shard_through_broadcast(out_shape, [a.shape, b.shape, c.shape])
     R = Replicate()
 
     def ok(op: str, *operands: Any) -> bool:
