@@ -60,19 +60,19 @@ def _gmm(tokens: int, hidden: int, ffn: int, experts: int, a_pl: str) -> Callabl
     return make
 
 
-def _fma(shape: tuple[int, ...], pl: list[Any]) -> Callable[[Any], Callable[[], Any]]:
+def _fma(shape: tuple[int, ...], pl: list[Any], c_pl: list[Any] | None = None) -> Callable[[Any], Callable[[], Any]]:
     def make(mesh: Any) -> Callable[[], Any]:
         ensure_prims_fma()
         fma = torch.ops.prims.fma.default
-        a, b, c = _dt(mesh, shape, pl), _dt(mesh, shape[-1:], [Replicate()]), _dt(mesh, shape, pl)
+        a, b, c = _dt(mesh, shape, pl), _dt(mesh, shape[-1:], [Replicate()]), _dt(mesh, shape, c_pl or pl)
         return lambda: fma(a, b, c)
 
     return make
 
 
-def _sbd(shape: tuple[int, ...], pl: list[Any]) -> Callable[[Any], Callable[[], Any]]:
+def _sbd(shape: tuple[int, ...], pl: list[Any], y_pl: list[Any] | None = None) -> Callable[[Any], Callable[[], Any]]:
     def make(mesh: Any) -> Callable[[], Any]:
-        g, y = _dt(mesh, shape, pl), _dt(mesh, shape, pl)
+        g, y = _dt(mesh, shape, pl), _dt(mesh, shape, y_pl or pl)
         return lambda: torch.ops.aten._softmax_backward_data.default(g, y, -1, BF16)
 
     return make
@@ -85,7 +85,10 @@ CASES = [
     Case("fma (4096, 1024) S(0) + bias row", "", _fma((4096, 1024), [Shard(0)])),
     Case("fma (4096, 1024) P(sum)", "partial input", _fma((4096, 1024), [Partial("sum")])),
     Case("fma (8, 4099, 1000) S(1)", "uneven, 3-D", _fma((8, 4099, 1000), [Shard(1)])),
+    Case("fma (4096, 1024) a S(0), c S(1)", "no zero-cost strategy", _fma((4096, 1024), [Shard(0)], [Shard(1)])),
+    Case("fma (4096, 1024) a P(avg), c P(max)", "mixed partials", _fma((4096, 1024), [Partial("avg")], [Partial("max")])),
     Case("softmax_bwd (4096, 64) S(0)", "", _sbd((4096, 64), [Shard(0)])),
+    Case("softmax_bwd (4096, 64) g S(1), y S(0)", "softmax dim split", _sbd((4096, 64), [Shard(1)], [Shard(0)])),
     Case("softmax_bwd (8, 4099, 1000) S(1)", "uneven, 3-D", _sbd((8, 4099, 1000), [Shard(1)])),
 ]
 
