@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 import dtensor_rules  # noqa: F401
+from dtensor_rules.ops.fma import fma as fma_op  # noqa: E402  (defines prims.fma: inductor is imported lazily)
 from dtensor_rules.costs import Hardware, estimate, get_hardware, runtime
 
 aten = torch.ops.aten
@@ -199,7 +200,7 @@ def cases(n: int, device: str) -> list[Case]:
     return [
         ("_grouped_mm", aten._grouped_mm.default, (a, w, ends.to(device)), {}),
         ("_softmax_backward_data", aten._softmax_backward_data.default, (x, x, 1, torch.float32), {}),
-        ("prims.fma", torch.ops.prims.fma.default, (x, x, x), {}),
+        ("prims.fma", fma_op, (x, x, x), {}),
         ("gather", aten.gather.default, (x, 0, idx), {}),
         ("scatter_add", aten.scatter_add.default, (x, 0, idx, x), {}),
         ("scatter_reduce.two", aten.scatter_reduce.two, (x, 0, idx, x, "amax"), {}),

@@ -38,9 +38,9 @@ from dtensor_rules._upstream import (
     clear_sharding_caches,
     compute_local_shape_and_global_offset,
     ensure_prims_fma,
-    op_info_for,
     propagate,
     recording_strategy_counts,
+    unwrap_to_op_info,
 )
 from dtensor_rules.testing import fake_world
 
@@ -126,7 +126,7 @@ def cases() -> list[Case]:
 
 def time_cold(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], repeats: int, budget_s: float) -> tuple[float, int]:
     """Median seconds of cold propagations (caches cleared each time) and the strategies chosen from."""
-    info = op_info_for(op, args, kwargs)
+    info = unwrap_to_op_info(op, args, kwargs)
     clear_sharding_caches()
     propagate(info)  # untimed: first-use costs (imports, fake-mode setup) are not the rule's
     times = []

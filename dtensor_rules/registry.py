@@ -30,6 +30,7 @@ uninstalling the last such rule deletes the wrapper, restoring the method exactl
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -40,7 +41,9 @@ from torch._ops import OpOverload
 from torch.distributed.tensor.placement_types import Placement
 
 from dtensor_rules._upstream import (
+    FAKE_TENSOR_LOGGER,
     HANDLERS,
+    META_FAILURE_MESSAGE,
     META_STEP_ATTR,
     SCHEMA_REGISTRIES,
     STRATEGY_REGISTRIES,
@@ -432,13 +435,22 @@ def _sync_meta_wrapper() -> None:
                 return fallback(op_schema, err)
 
         setattr(prop, _META_ATTR, propagate)
+        logging.getLogger(FAKE_TENSOR_LOGGER).addFilter(_quiet_handled_meta_failures)
     elif not fallbacks and wrapped:
         delattr(prop, _META_ATTR)  # the class method shows through again
+        logging.getLogger(FAKE_TENSOR_LOGGER).removeFilter(_quiet_handled_meta_failures)
     _active_meta_fallbacks.clear()
     _active_meta_fallbacks.update(fallbacks)
 
 
 _active_meta_fallbacks: dict[OpOverload, Callable[..., Any]] = {}
+
+
+def _quiet_handled_meta_failures(record: logging.LogRecord) -> bool:
+    """Drop fake-tensor's ERROR traceback for an op whose meta fallback handles the failure
+    (it either answers or re-raises the error to the caller, so the log only adds noise)."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    return not (record.msg == META_FAILURE_MESSAGE and args and args[0] in _active_meta_fallbacks)
 
 
 def _clear_caches() -> None:

@@ -95,14 +95,30 @@ def test_fake_tensors_are_priced_like_meta() -> None:
     assert cost.bytes_written == 8 * N * 2  # bf16 output
 
 
-def test_out_dtype_and_bias_are_priced() -> None:
-    a, b = torch.empty(2, M, K, dtype=torch.bfloat16, device="meta"), torch.empty(2, K, N, dtype=torch.bfloat16, device="meta")
-    bias = torch.empty(2, N, dtype=torch.bfloat16, device="meta")
-    plain = estimate(GMM, a, b)
-    cost = estimate(GMM, a, b, None, bias, torch.float32)
-    assert cost.bytes_written == 2 * M * N * 4  # float32 output
-    assert cost.bytes_read == plain.bytes_read + 2 * N * 2
-    assert cost.flops == plain.flops + 2 * M * N  # one add per output element
+INVALID = {
+    "contraction 31 vs 32": lambda: (torch.randn(8, 31), torch.randn(2, 32, 8), torch.tensor([4, 8], dtype=torch.int32)),
+    "int64 offs": lambda: (torch.randn(8, 32), torch.randn(2, 32, 8), torch.tensor([4, 8])),
+    "2-D offs": lambda: (torch.randn(8, 32), torch.randn(2, 32, 8), torch.tensor([[4, 8]], dtype=torch.int32)),
+    "no offs for 2-D x 3-D": lambda: (torch.randn(8, 32), torch.randn(2, 32, 8), None),
+    "offs for 3-D x 3-D": lambda: (torch.randn(2, 8, 32), torch.randn(2, 32, 8), torch.tensor([4, 8], dtype=torch.int32)),
+    "mixed dtypes": lambda: (torch.randn(8, 32), torch.randn(2, 32, 8).bfloat16(), torch.tensor([4, 8], dtype=torch.int32)),
+    "misaligned stride": lambda: (torch.randn(8, 6), torch.randn(2, 6, 8), torch.tensor([4, 8], dtype=torch.int32)),
+    "bias": lambda: (torch.randn(2, 8, 32), torch.randn(2, 32, 8), None, torch.randn(2, 8)),
+    "out_dtype": lambda: (torch.randn(2, 8, 32).bfloat16(), torch.randn(2, 32, 8).bfloat16(), None, None, torch.float32),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_estimate_raises_what_the_op_raises(case: str) -> None:
+    """An invalid call is not priced as if it ran: estimate raises the op's RuntimeError, on real and meta tensors."""
+    args = INVALID[case]()
+    with pytest.raises(RuntimeError):
+        GMM(*args)
+    with pytest.raises(RuntimeError, match="_grouped_mm"):
+        estimate(GMM, *args)
+    meta = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
+    with pytest.raises(RuntimeError, match="_grouped_mm"):
+        estimate(GMM, *meta)
 
 
 def test_mm_is_still_counted_by_torch() -> None:

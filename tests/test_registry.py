@@ -16,7 +16,7 @@ import dtensor_rules
 from dtensor_rules import registry
 from dtensor_rules.registry import RuleError
 
-FMA = torch.ops.prims.fma.default
+from dtensor_rules.ops.fma import fma as FMA  # noqa: E402  (defines prims.fma: inductor, imported lazily by dtensor_rules)
 SBD = torch.ops.aten._softmax_backward_data.default
 SBD_OUT = torch.ops.aten._softmax_backward_data.out
 

@@ -51,14 +51,16 @@ from dtensor_rules._upstream.registries import (
     clear_sharding_caches,
     custom_op_handlers,
     dispatch_slow_path,
+    dispatch_with_local_fix,
     dispatcher,
-    op_info_for,
     propagate,
     propagator,
     registry,
     set_unbacked_sharding,
     unwrap_cache_miss,
     wrap_cache_miss,
+    run_local_and_wrap,
+    unwrap_to_op_info,
 )
 from dtensor_rules._upstream.tensors import (
     LocalTensor,
@@ -89,10 +91,14 @@ from dtensor_rules._upstream.collectives import (
 )
 from dtensor_rules._upstream.meta import (
     DynamicOutputShapeException,
+    FAKE_TENSOR_LOGGER,
+    META_FAILURE_MESSAGE,
     FakeTensor,
     FakeTensorMode,
     create_grouped_mm_output_tensor,
     ensure_prims_fma,
+    on_prims_fma_defined,
+    prims_fma_defined,
 )
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor, FakeTensorMode
 
 __all__ = [
     "DynamicOutputShapeException",
+    "FAKE_TENSOR_LOGGER",
+    "META_FAILURE_MESSAGE",
     "FakeTensor",
     "FakeTensorMode",
     "create_grouped_mm_output_tensor",
     "ensure_prims_fma",
+    "on_prims_fma_defined",
+    "prims_fma_defined",
 ]
 
 
@@ -25,3 +31,44 @@ def create_grouped_mm_output_tensor(mat_a: Any, mat_b: Any, offs: Any, out_dtype
 def ensure_prims_fma() -> None:
     """Define ``torch.ops.prims.fma`` (inductor defines it; importing inductor costs ~2 s)."""
     import torch._inductor.inductor_prims  # noqa: F401
+
+
+_INDUCTOR_PRIMS = "torch._inductor.inductor_prims"
+_fma_callbacks: list[Callable[[], None]] = []
+
+
+def prims_fma_defined() -> bool:
+    """Whether ``torch.ops.prims.fma`` exists yet (without importing inductor)."""
+    return _INDUCTOR_PRIMS in sys.modules and hasattr(sys.modules[_INDUCTOR_PRIMS], "fma")
+
+
+def on_prims_fma_defined(callback: Callable[[], None]) -> None:
+    """Run ``callback`` now if ``prims.fma`` exists, else right after inductor defines it.
+
+    Upstream registers its own fma sharding rule the same lazy way: ``inductor_prims`` calls
+    ``_pointwise_ops.register_inductor_prims()`` after ``make_prim("fma...")``. We wrap that
+    function, so our callbacks run right after upstream's registration, and never import
+    inductor ourselves.
+    """
+    if prims_fma_defined():
+        callback()
+        return
+    import torch.distributed.tensor._ops._pointwise_ops as pointwise
+
+    if not _fma_callbacks:
+        original = pointwise.register_inductor_prims
+
+        def register_inductor_prims() -> None:
+            original()
+            pointwise.register_inductor_prims = original  # once: later imports see upstream's function
+            callbacks, _fma_callbacks[:] = list(_fma_callbacks), []
+            for cb in callbacks:
+                cb()
+
+        pointwise.register_inductor_prims = register_inductor_prims
+    _fma_callbacks.append(callback)
+
+
+# the logger FakeTensorMode reports a failing meta kernel on (at ERROR, with a traceback)
+FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"
+META_FAILURE_MESSAGE = "failed while attempting to run meta for %s"

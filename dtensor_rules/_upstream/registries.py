@@ -44,9 +44,12 @@ def registry(name: str) -> dict[Any, Any]:
 
 def clear_sharding_caches() -> None:
     """Drop every cached sharding decision (C++ fast path, Python cache, tensor-meta cache)."""
-    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    # what ``torch.distributed.tensor.debug._clear_sharding_prop_cache`` does, without importing
+    # ``debug`` (it pulls in dynamo and inductor: ~2 s and ~30 MiB at ``import dtensor_rules``)
+    import torch
 
-    _clear_sharding_prop_cache()
+    propagator().propagate_op_sharding.cache_clear()
+    torch._C._clear_DTensor_sharding_propagator_cache()
     propagator()._propagate_tensor_meta_cached.cache_clear()
 
 
@@ -62,11 +65,6 @@ def dispatch_slow_path(op_call: Any, args: Any, kwargs: Any) -> Any:
     d.sharding_propagator.propagate(op_info)
     local = d._dispatch_get_local_results_slow_path(op_call, args, op_info)
     return d.wrap(local, op_info.output_sharding.output_spec)
-
-
-def op_info_for(op_call: Any, args: Any, kwargs: Any) -> Any:
-    """The ``OpInfo`` (schema, local args) DTensor's dispatcher builds for one call."""
-    return dispatcher().unwrap_to_op_info(op_call, args, kwargs)
 
 
 def wrap_cache_miss(make: Any) -> None:
@@ -91,3 +89,46 @@ def set_unbacked_sharding(op: Any, allow: bool | None) -> bool:
         return False
     info.allow_unbacked_sharding = allow
     return True
+
+
+def dispatch_with_local_fix(op_call: Any, args: Any, kwargs: Any, fix_local: Any) -> Any:
+    """Upstream's Python dispatch path with ``fix_local(tensor)`` applied to every local tensor
+    argument after redistribution, right before the local op runs (e.g. re-lay out a shard)."""
+    import dataclasses
+
+    import torch
+
+    d = dispatcher()
+    op_info = d.unwrap_to_op_info(op_call, args, kwargs)
+    d.sharding_propagator.propagate(op_info)
+    sharding = op_info.output_sharding
+    if sharding.needs_redistribute:
+        d.redistribute_local_args(op_info, sharding.redistribute_schema, sharding.use_val_from_redistribute_schema)
+        op_info.output_sharding = dataclasses.replace(sharding, needs_redistribute=False)
+    op_info.local_args = tuple(fix_local(a) if isinstance(a, torch.Tensor) else a for a in op_info.local_args)
+    local = d._dispatch_get_local_results_slow_path(op_call, args, op_info)
+    return d.wrap(local, sharding.output_spec)
+
+
+def unwrap_to_op_info(op_call: Any, args: Any, kwargs: Any) -> Any:
+    """DTensor's ``OpInfo`` for one call: ``schema`` (specs), ``local_args``/``local_kwargs``, mesh."""
+    return dispatcher().unwrap_to_op_info(op_call, args, kwargs)
+
+
+def run_local_and_wrap(op_call: Any, op_info: Any, output_placements: Any) -> Any:
+    """Run ``op_call`` on the local tensors as they are (no redistribution) and wrap the result
+    as a DTensor with ``output_placements`` and the op's global output meta (DTensor's own
+    fake-tensor step, cached outside tracing)."""
+    from torch.utils import _pytree as pytree
+
+    from dtensor_rules._upstream.types import DTensorSpec
+
+    d = dispatcher()
+    meta = d.sharding_propagator._propagate_tensor_meta(op_info.schema)
+    spec = DTensorSpec(op_info.compute_mesh, tuple(output_placements), tensor_meta=meta)
+    local_args = (
+        pytree.tree_unflatten(list(op_info.local_args), op_info.args_tree_spec)
+        if op_info.args_tree_spec
+        else op_info.local_args
+    )
+    return d.wrap(op_call(*local_args, **op_info.local_kwargs), spec)

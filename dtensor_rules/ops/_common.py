@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 from dtensor_rules._upstream import ShardingPlaceholder, TensorMeta
 from torch.distributed.tensor.placement_types import Placement, Replicate
 
@@ -38,7 +39,8 @@ def shard_through_broadcast(out_shape: Sequence[int], in_shapes: Sequence[Sequen
         row: list[PlacementOrHole] = [ShardingPlaceholder(d)]
         for shape in in_shapes:
             k = d - (nd - len(shape))
-            row.append(ShardingPlaceholder(k) if k >= 0 and shape[k] != 1 else Replicate())
+            # a size not known to be 1 is not broadcast (no guard on an unbacked size; torch assumes the same)
+            row.append(ShardingPlaceholder(k) if k >= 0 and not guard_or_false(shape[k] == 1) else Replicate())
         if any(isinstance(p, ShardingPlaceholder) for p in row[1:]):
             out.append(row)
     return out

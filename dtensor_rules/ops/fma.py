@@ -1,6 +1,6 @@
 """``prims.fma(a, b, c) = a * b + c`` (inductor's fused multiply-add; softmax backward decomposes into it).
 
-Strategies, per mesh dim ([out, a, b, c]):
+Strategies, per mesh dim ([out, a, b, c]); ``out`` has the promoted dtype of a, b, c:
 
 =========================  ==============================  ===========================================
 out                        a, b, c                         why it is valid
@@ -15,9 +15,24 @@ P(max) / P(min)            R, R, P(max) / P(min)           a*b is identical on a
 R                          R, R, R                         implied
 =========================  ==============================  ===========================================
 
+Dtypes. A Partial operand must survive the cast to the output dtype
+(:func:`~dtensor_rules.ops._partial_cast.partial_survives_cast`): for sum/avg only when it already
+has the output dtype (int8 parts promoted to int64 would not wrap the way their int8 sum does;
+float16 parts promoted to float32 would not overflow the way their float16 sum does). avg needs a
+floating output; max/min need a floating output (an integer ``a*b + c_i`` can wrap, which is not
+monotone) and a monotone cast of ``c``; bool outputs get no Partial rows.
+
 Not offered: a and b both Partial (bilinear), P(max) on a or b (sign of the other factor
 flips the order), P(sum) with a replicated addend (it would be counted n times; the mean
 does not have that problem, which is why P(avg) admits more layouts than P(sum)).
+
+Registration is lazy: ``prims.fma`` only exists once ``torch._inductor.inductor_prims`` is
+imported (~2 s), so the rule and its cost formula are registered (and installed, if our rules
+are installed) when inductor defines the op, the way upstream registers its own fma rule.
+``dtensor_rules.ops.fma.fma`` (the op) defines it on first access.
+
+Dispatch uses a compact strategy set (:mod:`dtensor_rules.ops._compact_dispatch`); solver and
+validator queries see every row above.
 """
 
 from __future__ import annotations
@@ -27,27 +42,70 @@ from typing import Any
 import torch
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
-from dtensor_rules._upstream import ensure_prims_fma
-from dtensor_rules.costs.formulas.pointwise import fma_bytes, fma_flops
+from dtensor_rules._upstream import ensure_prims_fma, on_prims_fma_defined
+from dtensor_rules.costs.formulas.pointwise import fma_bytes, fma_flops, register_fma_formula
 from dtensor_rules.ops._common import PlacementOrHole, broadcast_shape, metas, shard_through_broadcast
-from dtensor_rules.registry import register
-
-ensure_prims_fma()  # defines torch.ops.prims.fma
-
-fma = torch.ops.prims.fma.default
+from dtensor_rules.ops._compact_dispatch import compact_dispatch, compact_rows
+from dtensor_rules.ops._partial import partial_ops
+from dtensor_rules.ops._partial_cast import partial_survives_cast
 
 
-@register(fma, flops=fma_flops, bytes=fma_bytes)
+def __getattr__(name: str) -> Any:
+    """``fma``: the op ``torch.ops.prims.fma.default``, defined (inductor imported) on first access."""
+    if name == "fma":
+        ensure_prims_fma()
+        return torch.ops.prims.fma.default
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def fma_rows(a: Any, b: Any, c: Any) -> list[list[PlacementOrHole]]:
+    """Every row of the table above valid for these operand metas (dtypes decide the Partial rows)."""
+    out_shape = broadcast_shape(a.shape, b.shape, c.shape)
+    out_dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), c.dtype)
+    rows = shard_through_broadcast(out_shape, [a.shape, b.shape, c.shape])
+    R = Replicate()
+
+    def ok(op: str, *operands: Any) -> bool:
+        return op in partial_ops([out_dtype]) and all(partial_survives_cast(op, m.dtype, out_dtype) for m in operands)
+
+    if ok("sum", a, c):
+        rows.append([Partial("sum"), Partial("sum"), R, Partial("sum")])
+    if ok("sum", b, c):
+        rows.append([Partial("sum"), R, Partial("sum"), Partial("sum")])
+    A = Partial("avg")
+    if ok("avg", a, c):
+        rows.append([A, A, R, A])
+    if ok("avg", b, c):
+        rows.append([A, R, A, A])
+    if ok("avg", a):
+        rows.append([A, A, R, R])
+    if ok("avg", b):
+        rows.append([A, R, A, R])
+    if ok("avg", c):
+        rows.append([A, R, R, A])
+    for reduce_op in ("max", "min"):
+        if out_dtype.is_floating_point and ok(reduce_op, c):
+            rows.append([Partial(reduce_op), R, R, Partial(reduce_op)])
+    return rows
+
+
 def fma_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Pointwise sharding through broadcasting plus the Partial strategies linearity allows."""
-    a, b, c = metas(args)
-    out_shape = broadcast_shape(a.shape, b.shape, c.shape)
-    strategies: list[list[PlacementOrHole]] = shard_through_broadcast(out_shape, [a.shape, b.shape, c.shape])
-    R = Replicate()
-    S, A = Partial("sum"), Partial("avg")
-    strategies += [[S, S, R, S], [S, R, S, S]]
-    strategies += [[A, A, R, A], [A, R, A, A], [A, A, R, R], [A, R, A, R], [A, R, R, A]]
-    for reduce_op in ("max", "min"):
-        P = Partial(reduce_op)
-        strategies.append([P, R, R, P])
-    return strategies
+    return compact_rows(fma_rows(*metas(args)), n_out=1)
+
+
+def _register() -> None:
+    from dtensor_rules import registry
+    from dtensor_rules.costs.flop_counter import register_flop_formulas, registered_flop_formulas
+
+    op = torch.ops.prims.fma.default
+    register_fma_formula()
+    if op not in registry.rules():
+        registry.register(op, flops=fma_flops, bytes=fma_bytes, handler=compact_dispatch)(fma_strategy)
+    if registry.active_ops():  # our rules are installed: this one too (after upstream's, which inductor just registered)
+        registry.install(ops=[op])
+    if registered_flop_formulas():
+        register_flop_formulas()
+
+
+on_prims_fma_defined(_register)

@@ -28,11 +28,27 @@ expert dim G of b / a in the offs modes: a shard moves the group boundaries, and
 have to be rewritten per rank (an op of its own, not a placement); both operands Partial
 (bilinear); P(max/min) (the other factor's sign flips the order).
 
-Alignment. The kernel needs each operand's leading stride (row- or column-major) to be a
-multiple of 16 bytes. A strategy is kept only if, on *every* rank (uneven shards included),
-the local operand is accepted both in the layout DTensor hands over without redistribution
-(the global strides cut to the local shape) and in the contiguous layout a redistribution
-produces. This needs the mesh and the dtype, so this is an op-strategy rule.
+Alignment. The kernels need each operand's leading stride (row- or column-major) to be a
+multiple of 16 bytes, and they check it on the layout they are handed. Two mechanisms:
+
+- the rule keeps a strategy only if every local shard passes the check in the layouts DTensor
+  usually holds (dense in the global dim order, or contiguous after a redistribution). That is a
+  question per (mesh dim, distinct local size) (at most 3 sizes per mesh dim: full chunk,
+  remainder, empty), memoized on (operand meta, sharded dims, mesh shape): never per rank;
+- layouts no rule can foresee (``distribute_tensor`` of a column-major weight gives contiguous
+  row-major shards; an uneven all-gather un-pads with ``narrow()``, so a ``(1, 16)`` bf16 ``a``
+  gathered over 3 ranks arrives with stride ``(18, 1)``) are fixed by the rule's DTensor handler
+  (:func:`grouped_mm_handler`): any local operand the kernel would reject is copied into a
+  padded, aligned buffer (:func:`~.grouped_mm_checks.aligned_copy`) right before the local call.
+
+Misaligned *global* operands still raise torch's own error (the meta step checks the global
+layout). With symbolic sizes the check never guards on an unbacked size: an undecidable split
+drops the strategy (``guard_or_false``).
+
+Partial rows are offered only for the reduce ops some input carries (dispatch: usually none;
+solver queries list every candidate, so they see all rows), and only when the output dtype is
+the operands' dtype (a cast between parts would not be additive; the CPU kernel rejects a
+different ``out_dtype`` anyway).
 
 fp32 / fp16 on CPU. The CPU kernel accepts fp32, fp16 and bf16, but the meta kernel (used by
 DTensor to compute the output's global shape) only bf16. :func:`grouped_mm_meta_fallback`
@@ -43,73 +59,46 @@ real dtype, bias, out_dtype) is repeated, so inputs torch rejects still fail the
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 from dtensor_rules._upstream import (
-    compute_local_shape_and_global_offset,
-    compute_local_stride,
     DTensorSpec,
+    dispatch_with_local_fix,
     expand_to_mesh,
+    maybe_run_for_local_tensor,
     OpSchema,
     OpStrategy,
     TensorMeta,
 )
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
+from dtensor_rules.ops.grouped_mm_checks import (  # noqa: F401  (kernel_accepts_layout: re-exported)
+    CPU_DTYPES,
+    aligned_copy,
+    cpu_kernel_check,
+    kernel_accepts_layout,
+    shards_accepted_cached,
+)
 from dtensor_rules.registry import register
 
 aten = torch.ops.aten
 GROUPED_MM = aten._grouped_mm.default
-CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def kernel_accepts_layout(shape: Sequence[int], stride: Sequence[int], itemsize: int) -> bool:
-    """The stride check of ``_grouped_mm`` (meta and CPU kernels) for one operand, for any dtype size."""
-    end = len(shape) - 1
-    align = max(16 // itemsize, 1)
-    if stride[end - 1] == 1 and stride[end] >= max(1, shape[end - 1]):
-        return stride[end] % align == 0
-    if stride[end] == 1 and stride[end - 1] >= max(1, shape[end]):
-        return stride[end - 1] % align == 0
-    return False
+def single_dim_strategies(
+    a_ndim: int, b_ndim: int, has_offs: bool, reduce_ops: tuple[str, ...] = ("sum", "avg")
+) -> list[list[Placement | None]]:
+    """``[out, a, b, offs]`` rows per mesh dim (offs column only when offs is given).
 
-
-def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
-    return tuple(torch.empty(tuple(shape), device="meta").stride())
-
-
-def operand_ok(
-    meta: TensorMeta, placements: Sequence[Placement], mesh_shape: Sequence[int], current: Sequence[Placement]
-) -> bool:
-    """True if every rank's local operand passes the kernel's stride check.
-
-    Without redistribution (``placements == current``) the kernel gets the global strides cut to
-    the local shape; after one it gets a contiguous shard (checked too: conservative either way).
-    """
-    shard_pl = [p if isinstance(p, Shard) else Replicate() for p in placements]
-    seen: set[tuple[int, ...]] = set()
-    for coord in itertools.product(*(range(s) for s in mesh_shape)):
-        local, _ = compute_local_shape_and_global_offset(meta.shape, tuple(mesh_shape), list(coord), shard_pl)
-        local = tuple(local)
-        if local in seen:
-            continue
-        seen.add(local)
-        kept = compute_local_stride(meta.stride, local)
-        layouts = [kept] if tuple(placements) == tuple(current) else [kept, _contiguous_stride(local)]
-        for stride in layouts:
-            if not kernel_accepts_layout(local, stride, meta.dtype.itemsize):
-                return False
-    return True
-
-
-def single_dim_strategies(a_ndim: int, b_ndim: int, has_offs: bool) -> list[list[Placement | None]]:
-    """``[out, a, b, offs]`` rows per mesh dim (offs column only when offs is given)."""
-    R, S, P, A = Replicate(), Shard, Partial("sum"), Partial("avg")
+    ``reduce_ops``: which of the linear Partial rows (sum, avg) to offer."""
+    R, S, P = Replicate(), Shard, Partial("sum")
     o: list[Placement | None] = [R] if has_offs else []
-    rows: list[list[Any]] = [[P, P, R], [P, R, P], [A, A, R], [A, R, A]]
+    rows: list[list[Any]] = []
+    for op in ("sum", "avg"):
+        if op in reduce_ops:
+            Q = Partial(op)
+            rows += [[Q, Q, R], [Q, R, Q]]
     mode = (a_ndim, b_ndim)
     if mode == (2, 3):
         rows += [[S(1), R, S(2)], [P, S(1), S(1)]]
@@ -134,11 +123,17 @@ def _meta(strategy: Any) -> TensorMeta:
     return spec.tensor_meta
 
 
-def _current(strategy: Any, ndim: int) -> tuple[Placement, ...]:
-    """The operand's placement as it arrives (dispatch passes exactly one spec per input; a query
-    listing several candidates is answered as for replicated inputs)."""
-    specs = strategy.strategies
-    return tuple(specs[0].output_spec.placements) if len(specs) == 1 else (Replicate(),) * ndim
+def _carried_reduce_ops(*strategies: Any) -> tuple[str, ...]:
+    """Reduce ops of the Partial placements any candidate spec of these inputs carries."""
+    ops = {
+        p.reduce_op
+        for st in strategies
+        if isinstance(st, OpStrategy)
+        for spec in st.strategies
+        for p in spec.output_spec.placements
+        if isinstance(p, Partial)
+    }
+    return tuple(sorted(ops))
 
 
 def output_meta(a: TensorMeta, b: TensorMeta, offs: TensorMeta | None, out_dtype: torch.dtype | None) -> TensorMeta:
@@ -169,57 +164,48 @@ def grouped_mm_meta_fallback(op_schema: OpSchema, err: Exception) -> TensorMeta:
     return output_meta(a, b, offs, out_dtype)
 
 
-@register(GROUPED_MM, kind="op_strategy", meta_fallback=grouped_mm_meta_fallback)
+@maybe_run_for_local_tensor
+def _aligned_local(t: torch.Tensor) -> torch.Tensor:
+    return aligned_copy(t) if t.dim() >= 2 and t.is_floating_point() else t
+
+
+def grouped_mm_handler(op: Any, args: Any, kwargs: Any) -> Any:
+    """DTensor dispatch for ``_grouped_mm``: upstream's path, plus an aligned copy of any local
+    operand whose layout (after redistribution) the kernel would reject."""
+    return dispatch_with_local_fix(op, args, kwargs, _aligned_local)
+
+
+@register(GROUPED_MM, kind="op_strategy", meta_fallback=grouped_mm_meta_fallback, handler=grouped_mm_handler)
 def grouped_mm_strategy(op_schema: OpSchema) -> OpStrategy:
-    """Experts/M/N sharding and K -> P(sum) per mode (grouped dims never split), filtered by alignment per rank."""
+    """Experts/M/N sharding and K -> P(sum) per mode (grouped dims never split), kept where the
+    usual local layouts need no copy (checked per mesh dim and distinct local size, cached)."""
     mesh = op_schema.get_mesh_from_args()
     a_s, b_s = _arg(op_schema, 0, "self"), _arg(op_schema, 1, "mat2")
     offs_s, bias_s = _arg(op_schema, 2, "offs"), _arg(op_schema, 3, "bias")
     a, b = _meta(a_s), _meta(b_s)
     offs = _meta(offs_s) if isinstance(offs_s, OpStrategy) else None
-    rows = single_dim_strategies(len(a.shape), len(b.shape), offs is not None)
+    out_dtype = _arg(op_schema, 4, "out_dtype")
+    same_dtype = out_dtype in (None, a.dtype) and a.dtype == b.dtype
+    reduce_ops = _carried_reduce_ops(a_s, b_s) if same_dtype else ()
+    rows = single_dim_strategies(len(a.shape), len(b.shape), offs is not None, reduce_ops)
     if isinstance(bias_s, OpStrategy):  # the kernels reject bias; only all-Replicate, so torch raises its error
         rows = [[Replicate()] * (len(rows[0]) + 1)]
-    out_dtype = _arg(op_schema, 4, "out_dtype")
-
-    a_now, b_now = _current(a_s, mesh.ndim), _current(b_s, mesh.ndim)
-
-    def aligned(input_specs: list[DTensorSpec], output_specs: Any) -> bool:
-        return operand_ok(a, input_specs[0].placements, mesh.shape, a_now) and operand_ok(
-            b, input_specs[1].placements, mesh.shape, b_now
-        )
-
     out_meta = output_meta(a, b, offs, out_dtype)
-    strategy = expand_to_mesh(
-        mesh, op_schema, rows, output_tensor_meta=out_meta, input_index=1, allow_uneven_sharding=True,
-        strategy_filter=aligned,
-    )
-    if not strategy.strategies:  # nothing the kernel accepts: all-Replicate, so torch raises its own stride error
-        strategy = expand_to_mesh(
-            mesh, op_schema, rows[:1], output_tensor_meta=out_meta, input_index=1, allow_uneven_sharding=True
+    mesh_shape = tuple(mesh.shape)
+
+    def no_copy_needed(input_specs: list[DTensorSpec], output_specs: Any) -> bool:
+        return all(
+            shards_accepted_cached(m.shape, m.stride, m.dtype.itemsize, _shard_dims(spec.placements), mesh_shape)
+            for m, spec in ((a, input_specs[0]), (b, input_specs[1]))
         )
+
+    # allow_unbacked_sharding=False: an unbacked size not known to reach the shard count is not split
+    kw = dict(output_tensor_meta=out_meta, input_index=1, allow_uneven_sharding=True, allow_unbacked_sharding=False)
+    strategy = expand_to_mesh(mesh, op_schema, rows, strategy_filter=no_copy_needed, **kw)
+    if not strategy.strategies:  # nothing the kernel accepts: all-Replicate, so torch raises its own stride error
+        strategy = expand_to_mesh(mesh, op_schema, rows[:1], **kw)
     return strategy
 
 
-# --------------------------------------------------------------------------- meta fallback for DTensor
-def cpu_kernel_check(a: Any, b: Any, offs: Any, bias: Any, out_dtype: torch.dtype | None) -> str | None:
-    """None if the CPU kernel accepts these operands (shapes/strides/dtypes only), else why not."""
-    if a.dtype not in CPU_DTYPES or b.dtype != a.dtype:
-        return f"grouped mm needs matching fp32/fp16/bf16 operands, got {a.dtype} and {b.dtype}"
-    if len(a.shape) not in (2, 3) or len(b.shape) not in (2, 3):
-        return "Multiplicands must be 2D or 3D"
-    if (len(a.shape) == 3 or len(b.shape) == 3) and a.shape[-1] != b.shape[-2]:
-        return "contraction dimension of mat_a and mat_b must match"
-    for m in (a, b):
-        if not kernel_accepts_layout(m.shape, m.stride, m.dtype.itemsize):
-            return "strides should be multiple of 16 bytes"
-    if len(a.shape) == 2 or len(b.shape) == 2:
-        if offs is None or len(offs.shape) != 1 or offs.dtype != torch.int32:
-            return "Offsets tensor must be a 1-D int32 tensor for 2D multiplicand layouts"
-    elif offs is not None:
-        return "Offsets tensor provided, but is not needed for 3D/3D multiplicand layouts"
-    if bias is not None:
-        return "Bias not supported yet"
-    if out_dtype is not None and out_dtype != a.dtype:
-        return "Grouped gemm output dtype must match `mat_a` dtype"
-    return None
+def _shard_dims(placements: Any) -> tuple[int | None, ...]:
+    return tuple(p.dim if isinstance(p, Shard) else None for p in placements)

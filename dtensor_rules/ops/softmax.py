@@ -14,6 +14,13 @@ R                                 R, R                         implied
 Upstream torch 2.13 has no Partial strategy (and no rule for ``.out``). Not offered: the softmax
 dim sharded (the row sum needs the whole row), y Partial (the result is quadratic in y),
 P(max)/P(min) (not linear-monotone).
+
+Dtypes: the Partial rows need the result in g's own dtype (``input_dtype == g.dtype``): a kernel
+that writes ``grad_input`` in another dtype (CUDA's half-to-float path) would round each rank's
+part before the sum (:func:`~dtensor_rules.ops._partial_cast.partial_survives_cast`).
+
+Dispatch uses a compact strategy set (:mod:`dtensor_rules.ops._compact_dispatch`); solver and
+validator queries see every row above.
 """
 
 from __future__ import annotations
@@ -26,13 +33,15 @@ from torch.distributed.tensor.placement_types import Partial, Replicate
 
 from dtensor_rules.costs.formulas.pointwise import softmax_backward_bytes, softmax_backward_flops
 from dtensor_rules.ops._common import PlacementOrHole, metas, normalize_dim
+from dtensor_rules.ops._compact_dispatch import compact_dispatch, compact_rows
+from dtensor_rules.ops._partial_cast import partial_survives_cast
 from dtensor_rules.registry import register
 
 aten = torch.ops.aten
 SOFTMAX_BACKWARD = [aten._softmax_backward_data.default, aten._softmax_backward_data.out]
 
 
-@register(SOFTMAX_BACKWARD, flops=softmax_backward_flops, bytes=softmax_backward_bytes)
+@register(SOFTMAX_BACKWARD, flops=softmax_backward_flops, bytes=softmax_backward_bytes, handler=compact_dispatch)
 def softmax_backward_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Shard any non-softmax dim; Partial(sum/avg) grad passes through (linearity)."""
     g = metas(args)[0]
@@ -44,7 +53,9 @@ def softmax_backward_strategy(op: Any, args: Any, kwargs: Any) -> list[list[Plac
         return [out, g_p, y_p] + ([out] if has_out else [])
 
     strategies = [row(*(3 * [ShardingPlaceholder(d)])) for d in range(ndim) if d != dim]
+    out_dtype = args[3] if isinstance(args[3], torch.dtype) else g.dtype
     for reduce_op in ("sum", "avg"):
-        P = Partial(reduce_op)
-        strategies.append(row(P, P, Replicate()))
-    return strategies
+        if partial_survives_cast(reduce_op, g.dtype, out_dtype):
+            P = Partial(reduce_op)
+            strategies.append(row(P, P, Replicate()))
+    return compact_rows(strategies, n_out=1)

@@ -17,6 +17,11 @@ mat_a          mat_b           split dim       out           flops
 and the output elements produced, in ``out_dtype`` (default: mat_a's dtype).
 When ``offs`` is fake/meta its values are unknown: groups are assumed balanced and to
 cover the whole split dim (``exact=False``).
+
+A call the op itself rejects (contraction sizes that differ, ``offs`` not 1-D int32, mismatched
+dtypes, bias, a different ``out_dtype``, misaligned strides) raises the op's ``RuntimeError``
+instead of being priced (the CPU kernel's checks, which accept fp32/fp16/bf16). Strides are
+checked on the tensors given: price a rank's shard with the layout it will have.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from torch._ops import OpOverload
 from dtensor_rules.costs._util import CostError, is_concrete, nbytes
 from dtensor_rules.costs.formulas._table import formula
 from dtensor_rules.costs.op_cost import OpCost
+from dtensor_rules.ops.grouped_mm_checks import check_call
 
 GROUPED_MM = torch.ops.aten._grouped_mm.default
 
@@ -53,6 +59,7 @@ def group_sizes(offs: torch.Tensor | None, groups: int, total: int) -> tuple[lis
 @formula(GROUPED_MM, family="matmul")
 def grouped_mm_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     a, m2, offs, bias = b["self"], b["mat2"], b["offs"], b["bias"]
+    check_call(a, m2, offs, bias, b["out_dtype"])  # what the op raises, estimate raises
     out_dtype = b["out_dtype"] or a.dtype
     ia, ib, io = a.dtype.itemsize, m2.dtype.itemsize, out_dtype.itemsize
     mode = (a.dim(), m2.dim())

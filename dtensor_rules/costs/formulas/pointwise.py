@@ -14,15 +14,11 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
-from dtensor_rules._upstream import ensure_prims_fma
 from dtensor_rules.costs._util import broadcast_shape, nbytes, numel
-from dtensor_rules.costs.formulas._table import formula
+from dtensor_rules.costs.formulas._table import TABLE, formula
 from dtensor_rules.costs.op_cost import OpCost, table_backed
 
-ensure_prims_fma()  # defines torch.ops.prims.fma
-
 aten = torch.ops.aten
-FMA = torch.ops.prims.fma.default
 SOFTMAX_BACKWARD = (aten._softmax_backward_data.default, aten._softmax_backward_data.out)
 
 
@@ -33,9 +29,16 @@ def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> OpCost:
     return OpCost(2 * n, nbytes(a) + nbytes(b) + nbytes(c), n * dtype.itemsize, dtype=dtype)
 
 
-@formula(FMA, family="pointwise")
 def fma_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return _fma(b["a"], b["b"], b["c"])
+
+
+def register_fma_formula() -> None:
+    """Put ``prims.fma`` in the table once it exists (``dtensor_rules.ops.fma`` calls this when
+    inductor defines the op: importing inductor ourselves would cost ~2 s at import)."""
+    fma = torch.ops.prims.fma.default
+    if fma not in TABLE:
+        formula(fma, family="pointwise")(fma_cost)
 
 
 @table_backed
