@@ -69,8 +69,8 @@ def side_by_side() -> int:
     labels = [f"{v[0]}.{v[1]}" for v in docs]
     ops = sorted({op for d in docs.values() for op in d["ops"]})
     meshes = next(iter(docs.values()))["meshes"]
-    print(f"Summed over meshes {', '.join(meshes)}: correct / incorrect, '-' = no rule; "
-          "kept = the rule install() keeps\n")
+    print(f"Summed over meshes {', '.join(meshes)}: correct / incorrect; 'no rule': upstream had none on "
+          "that release (only ops both sides have a rule for are measured); kept = the rule install() keeps\n")
     head = " | ".join(f"ours {x} | upstream {x} | kept {x}" for x in labels)
     print(f"| op | {head} |")
     print("|---|" + "---|---|---|" * len(labels))
@@ -78,8 +78,8 @@ def side_by_side() -> int:
         cells = []
         for d in docs.values():
             record = d["ops"].get(op)
-            if record is None:
-                cells += ["not measured", "", ""]
+            if record is None:  # the files hold contested ops only: upstream had no rule there
+                cells += ["not measured", "no rule", "ours"]
                 continue
             sides = []
             for name in ("ours", "upstream"):
