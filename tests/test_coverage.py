@@ -33,21 +33,11 @@ def tiny_model() -> torch.nn.Module:
 class TestCoverageTable(TestCase):
     def test_linear_relu_table(self) -> None:
         report = coverage(tiny_model(), (torch.randn(6, 8),), mesh_shape=(2, 2))
-        if TORCH_VERSION >= (2, 14):  # 2.14's autograd trace has alias where 2.13's had detach; the rest is equal
-            self.assertExpectedInline(report.table(), """\
-op                               calls  rule      strategies  cost
--------------------------------  -----  --------  ----------  ----------------------
-aten.addmm.default               1      upstream  64          4 us (384 flop, 432 B)
-aten.alias.default               2      ours      39          0 us (0 flop, 0 B)
-aten.mm.default                  2      upstream  64          8 us (768 flop, 832 B)
-aten.relu.default                1      upstream  23          4 us (24 flop, 192 B)
-aten.sum.dim_IntList             1      upstream  16          4 us (24 flop, 112 B)
-aten.t.default                   5      upstream  39          0 us (0 flop, 0 B)
-aten.threshold_backward.default  1      upstream  9           4 us (24 flop, 288 B)
-aten.view.default                1      upstream  26          0 us (0 flop, 0 B)
-8 ops on mesh 2x2: 1 ours, 7 upstream, 0 decomp, 0 handler, 0 none""")
-            return
-        self.assertExpectedInline(report.table(), """\
+        table = report.table()
+        if TORCH_VERSION >= (2, 14):  # 2.14's autograd trace has alias where 2.13's had detach: same rule, same row
+            assert "aten.detach.default" not in table
+            table = table.replace("aten.alias.default ", "aten.detach.default")  # (same column width)
+        self.assertExpectedInline(table, """\
 op                               calls  rule      strategies  cost
 -------------------------------  -----  --------  ----------  ----------------------
 aten.addmm.default               1      upstream  64          4 us (384 flop, 432 B)
