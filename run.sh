@@ -4,7 +4,9 @@
 #   ./run.sh test   -- the test suite
 # It creates .venv (once), installs the package with its extras (EXTRAS; default "test" for
 # the tests, none for the demo; CI uses "test,triton") and torch pinned by constraints.txt
-# (the CPU build), then runs the command.
+# (2.13.0, the CPU build), then runs the command.
+# TORCH_VERSION=2.14.1 ./run.sh test  -- the same in .venv-2.14.1, torch pinned by
+# constraints-2.14.txt (the registry's CUDA build, ~5.5 GB; it runs on CPU).
 set -euo pipefail
 cd "$(dirname "$0")"
 usage() {
@@ -30,26 +32,32 @@ case "$cmd" in
   *) usage >&2; echo "run.sh: error: unknown command '$cmd'" >&2; exit 2 ;;
 esac
 PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
+TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+case "$TORCH_VERSION" in
+  2.13.0) VENV=.venv CONSTRAINTS=constraints.txt ;;
+  2.14.1) VENV=.venv-2.14.1 CONSTRAINTS=constraints-2.14.txt ;;
+  *) echo "run.sh: TORCH_VERSION=$TORCH_VERSION is not a tested release (tested: 2.13.0, 2.14.1)" >&2; exit 2 ;;
+esac
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
 fi
 # the demo needs only the package; tests need the [test] extras
 [ "$cmd" = test ] && default_extras=test || default_extras=
 EXTRAS=${EXTRAS-$default_extras}
-hash=$( (cat setup.py constraints.txt) | cksum | cut -d' ' -f1)
+hash=$( (cat setup.py "$CONSTRAINTS") | cksum | cut -d' ' -f1)
 want=$(echo "$EXTRAS" | tr ',' '\n' | sed '/^$/d' | sort -u)
-have=$(cat ".venv/.installed-$hash" 2>/dev/null || echo missing)
+have=$(cat "$VENV/.installed-$hash" 2>/dev/null || echo missing)
 if [ "$have" = missing ] || [ -n "$(comm -23 <(echo "$want") <(echo "$have"))" ]; then
   spec=.
   [ -n "$EXTRAS" ] && spec=".[$EXTRAS]"
   # (the grep drops pip's notes about this machine's unused local index folders)
-  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e "$spec" \
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$CONSTRAINTS" -e "$spec" \
     2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
-  { [ "$have" = missing ] || echo "$have"; echo "$want"; } | sed '/^$/d' | sort -u > ".venv/.installed-$hash"
+  { [ "$have" = missing ] || echo "$have"; echo "$want"; } | sed '/^$/d' | sort -u > "$VENV/.installed-$hash"
 fi
 shift || true
 case "$cmd" in
-  demo) exec .venv/bin/python -m dtensor_rules demo "$@" ;;
-  test) exec .venv/bin/python -m pytest -n 2 -q "$@" ;;
-  *) exec .venv/bin/python -m dtensor_rules "$cmd" "$@" ;;
+  demo) exec "$VENV/bin/python" -m dtensor_rules demo "$@" ;;
+  test) exec "$VENV/bin/python" -m pytest -n 2 -q "$@" ;;
+  *) exec "$VENV/bin/python" -m dtensor_rules "$cmd" "$@" ;;
 esac

@@ -1,8 +1,10 @@
 """dtensor_rules: complete, proven DTensor sharding rules for MoE ops, cost formulas,
 and an ordered-mesh redistribute planner.
 
-``import dtensor_rules`` installs our rules into DTensor's dispatch (policy "override")
-unless the environment variable ``DTENSOR_RULES_NO_INSTALL=1`` is set.
+``import dtensor_rules`` installs our rules into DTensor's dispatch (policy "measured": ours
+where upstream has no rule, or where ours is measured strictly better on this torch release;
+``status()`` says which and why) unless the environment variable ``DTENSOR_RULES_NO_INSTALL=1``
+is set. Tested on torch 2.13 and 2.14 (setup.py: ``torch>=2.13,<2.15``).
 
 One exception, so the command line answers ``--help`` and typos at once: while
 ``python -m dtensor_rules`` (or the ``dtensor-rules`` script) starts, this module defers
@@ -45,6 +47,18 @@ def _check_torch() -> None:
         raise ImportError(
             f"dtensor_rules needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}, found {torch.__version__}; "
             "upgrade with: pip install 'torch==2.13.0'"
+        )
+    from dtensor_rules._upstream.version import TESTED_TORCH
+
+    if version > max(TESTED_TORCH):
+        import warnings
+
+        newest = ".".join(map(str, max(TESTED_TORCH)))
+        warnings.warn(
+            f"dtensor_rules is tested on torch {MIN_TORCH[0]}.{MIN_TORCH[1]} to {newest}, found {torch.__version__}: "
+            "upstream's private DTensor internals may have changed (tests/test_upstream_contract.py checks them), "
+            "and install() keeps upstream's rule wherever it has one (no measurement for this release)",
+            stacklevel=2,
         )
 
 

@@ -56,10 +56,10 @@ def _status(args: argparse.Namespace) -> int:
     _load()
     import dtensor_rules
 
-    rows = sorted(((str(op), s["has"], s["active"]) for op, s in dtensor_rules.status().items()))
-    print(f"{'op':45s} {'rules':8s} active")
-    for op, has, active in rows:
-        print(f"{op:45s} {has:8s} {active}")
+    rows = sorted(((str(op), s["has"], s["active"], s["why"]) for op, s in dtensor_rules.status().items()))
+    print(f"{'op':45s} {'rules':8s} {'active':9s} why")
+    for op, has, active, why in rows:
+        print(f"{op:45s} {has:8s} {active:9s} {why}")
     return 0
 
 

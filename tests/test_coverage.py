@@ -6,6 +6,7 @@ import torch
 from expecttest import TestCase
 
 import dtensor_rules  # noqa: F401
+from dtensor_rules._upstream import TORCH_VERSION
 from dtensor_rules.coverage import EXCLUDED_OPS, coverage, coverage_main, rule_source
 
 
@@ -32,7 +33,11 @@ def tiny_model() -> torch.nn.Module:
 class TestCoverageTable(TestCase):
     def test_linear_relu_table(self) -> None:
         report = coverage(tiny_model(), (torch.randn(6, 8),), mesh_shape=(2, 2))
-        self.assertExpectedInline(report.table(), """\
+        table = report.table()
+        if TORCH_VERSION >= (2, 14):  # 2.14's autograd trace has alias where 2.13's had detach: same rule, same row
+            assert "aten.detach.default" not in table
+            table = table.replace("aten.alias.default ", "aten.detach.default")  # (same column width)
+        self.assertExpectedInline(table, """\
 op                               calls  rule      strategies  cost
 -------------------------------  -----  --------  ----------  ----------------------
 aten.addmm.default               1      upstream  64          4 us (384 flop, 432 B)

@@ -99,4 +99,4 @@ def test_cost_formulas() -> None:
 
 
 def test_registered_as_ours_with_no_upstream_rule() -> None:
-    assert registry.status()[OP] == {"has": "ours", "active": "ours"}
+    assert registry.status()[OP] == {"has": "ours", "active": "ours", "why": "ours: upstream has no rule"}

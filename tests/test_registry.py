@@ -14,11 +14,13 @@ from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
 import dtensor_rules
 from dtensor_rules import registry
+from dtensor_rules._upstream import TORCH_VERSION
 from dtensor_rules.registry import RuleError
 
 from dtensor_rules.ops.fma import fma as FMA  # noqa: E402  (defines prims.fma: inductor, imported lazily by dtensor_rules)
 SBD = torch.ops.aten._softmax_backward_data.default
 SBD_OUT = torch.ops.aten._softmax_backward_data.out
+ARGSORT = torch.ops.aten.argsort.default
 
 REGISTRIES = registry._ALL_REGISTRIES + (registry._HANDLERS,)
 
@@ -78,16 +80,27 @@ def test_round_trip_install_uninstall_install(restore_install):
         assert snapshot()[name].keys() == installed[name].keys()
 
 
+# where upstream keeps its softmax-backward rule: 2.13 an op-strategy rule with no rule for
+# .out; 2.14 moved both overloads to single-dim rules
+UPSTREAM_SBD_REGISTRY = {(2, 13): "op_strategy_funcs", (2, 14): "op_single_dim_strategy_funcs"}[TORCH_VERSION]
+UPSTREAM_HAS_SBD_OUT = {(2, 13): False, (2, 14): True}[TORCH_VERSION]
+
+
 def test_fill_policy_keeps_upstream_rules(restore_install):
     dtensor_rules.uninstall()
     prop = DTensor._op_dispatcher.sharding_propagator
-    upstream_sbd = prop.op_strategy_funcs[SBD]
+    upstream_sbd = getattr(prop, UPSTREAM_SBD_REGISTRY)[SBD]
     active = dtensor_rules.install(policy="fill")
-    assert SBD_OUT in active  # upstream has no rule for .out
+    assert ARGSORT in active  # upstream has no argsort rule on any tested torch
     assert SBD not in active and FMA not in active
-    assert prop.op_strategy_funcs[SBD] is upstream_sbd
-    assert dtensor_rules.status()[SBD] == {"has": "both", "active": "upstream"}
-    assert dtensor_rules.status()[SBD_OUT] == {"has": "ours", "active": "ours"}
+    assert getattr(prop, UPSTREAM_SBD_REGISTRY)[SBD] is upstream_sbd
+    kept = "upstream: ours not installed"
+    if registry.measured_verdict(SBD).keep == "upstream":
+        kept = registry.measured_verdict(SBD).why
+    assert dtensor_rules.status()[SBD] == {"has": "both", "active": "upstream", "why": kept}
+    assert dtensor_rules.status()[ARGSORT] == {"has": "ours", "active": "ours", "why": "ours: upstream has no rule"}
+    assert (SBD_OUT in active) is not UPSTREAM_HAS_SBD_OUT
+    assert dtensor_rules.status()[SBD_OUT]["has"] == ("both" if UPSTREAM_HAS_SBD_OUT else "ours")
 
 
 def test_installed_context_manager_restores_previous_state(restore_install):

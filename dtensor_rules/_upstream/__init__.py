@@ -17,6 +17,7 @@ Modules, each with one job:
 - :mod:`.collectives`: single-mesh-dim placement transitions and their cost estimate.
 - :mod:`.meta`: fake tensors and meta kernels (``_grouped_mm``'s output, ``prims.fma``).
 - :mod:`.checkpoint`: DCP's planner helpers.
+- :mod:`.measured`: ours vs upstream measured per torch release; which rule ``install()`` keeps.
 - :mod:`.contract`: the list of upstream symbols and signatures all of the above rely on.
 """
 
@@ -89,6 +90,7 @@ from dtensor_rules._upstream.collectives import (
     shard_from_replicate,
     swap_partial_partition,
 )
+from dtensor_rules._upstream.measured import verdict as measured_verdict
 from dtensor_rules._upstream.meta import (
     DynamicOutputShapeException,
     FAKE_TENSOR_LOGGER,
