@@ -1,8 +1,10 @@
 """dtensor_rules: complete, proven DTensor sharding rules for MoE ops, cost formulas,
 and an ordered-mesh redistribute planner.
 
-``import dtensor_rules`` installs our rules into DTensor's dispatch (policy "override")
-unless the environment variable ``DTENSOR_RULES_NO_INSTALL=1`` is set.
+``import dtensor_rules`` registers the shipped rules (it imports :mod:`dtensor_rules.ops`,
+whose modules each state their ops' contracts with ``register(...)``; the registry imports no
+op module) and installs them into DTensor's dispatch (policy "override") unless the
+environment variable ``DTENSOR_RULES_NO_INSTALL=1`` is set.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from dtensor_rules.registry import (  # noqa: E402
     status,
     uninstall,
 )
-from dtensor_rules import ops  # noqa: E402,F401  (registers the shipped rules)
+from dtensor_rules import ops  # noqa: E402,F401  (the one place that loads the shipped rules)
 from dtensor_rules.costs import register_flop_formulas as _register_flops  # noqa: E402
 from dtensor_rules.redistribute import distribute_tensor, plan, redistribute  # noqa: E402,F401
 

@@ -59,11 +59,14 @@ import torch
 from dtensor_rules._upstream import ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
+from dtensor_rules.costs.formulas.counting import bincount_cost, histc_cost
 from dtensor_rules.ops._common import PlacementOrHole, numel
+from dtensor_rules.ops._gaps import ALIASED_UNPRICED
 from dtensor_rules.ops._rule_dispatch import rule_dispatch
 from dtensor_rules.ops._schema_args import row, schema_arg
 from dtensor_rules.ops.scan import linear_partials
 from dtensor_rules.registry import register
+from dtensor_rules.testing.suites.counting import bincount_samples, histc_samples
 
 aten = torch.ops.aten
 HISTC = [aten.histc.default, aten.histc.out]
@@ -81,7 +84,8 @@ def _scalar(x: Any) -> float:
     return float(x.item() if hasattr(x, "item") else x)
 
 
-@register(HISTC)
+@register(aten.histc.default, cost=histc_cost, samples=histc_samples)
+@register(aten.histc.out, gaps=ALIASED_UNPRICED)
 def histc_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Fixed bin edges (min != max): any input dim sharded -> P(sum) counts; else replicate only."""
     self_meta = args[0]
@@ -103,7 +107,8 @@ def bincount_dtype(weights_dtype: torch.dtype, self_numel: int) -> torch.dtype:
     return weights_dtype if weights_dtype in (torch.float32, torch.float64) else torch.float64
 
 
-@register(BINCOUNT, handler=rule_dispatch)
+@register(aten.bincount.default, cost=bincount_cost, samples=bincount_samples, handler=rule_dispatch)
+@register(aten.bincount.out, gaps=ALIASED_UNPRICED, handler=rule_dispatch)
 def bincount_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Replicated self; Partial(sum/avg) floating weights give a Partial(sum/avg) histogram."""
     weights = schema_arg(op, args, kwargs, "weights")

@@ -28,16 +28,17 @@ import torch
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
 from dtensor_rules._upstream import ensure_prims_fma
-from dtensor_rules.costs.formulas.pointwise import fma_bytes, fma_flops
+from dtensor_rules.costs.formulas.pointwise import fma_cost
 from dtensor_rules.ops._common import PlacementOrHole, broadcast_shape, metas, shard_through_broadcast
 from dtensor_rules.registry import register
+from dtensor_rules.testing.suites.pointwise import fma_samples
 
 ensure_prims_fma()  # defines torch.ops.prims.fma
 
 fma = torch.ops.prims.fma.default
 
 
-@register(fma, flops=fma_flops, bytes=fma_bytes)
+@register(fma, cost=fma_cost, samples=fma_samples)
 def fma_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Pointwise sharding through broadcasting plus the Partial strategies linearity allows."""
     a, b, c = metas(args)

@@ -59,7 +59,9 @@ from dtensor_rules._upstream import (
 )
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
+from dtensor_rules.costs.formulas.matmul import grouped_mm_cost
 from dtensor_rules.registry import register
+from dtensor_rules.testing.suites.grouped_mm import grouped_mm_samples
 
 aten = torch.ops.aten
 GROUPED_MM = aten._grouped_mm.default
@@ -169,7 +171,10 @@ def grouped_mm_meta_fallback(op_schema: OpSchema, err: Exception) -> TensorMeta:
     return output_meta(a, b, offs, out_dtype)
 
 
-@register(GROUPED_MM, kind="op_strategy", meta_fallback=grouped_mm_meta_fallback)
+@register(
+    GROUPED_MM, kind="op_strategy", cost=grouped_mm_cost, samples=grouped_mm_samples,
+    meta_fallback=grouped_mm_meta_fallback,
+)
 def grouped_mm_strategy(op_schema: OpSchema) -> OpStrategy:
     """Experts/M/N sharding and K -> P(sum) per mode (grouped dims never split), filtered by alignment per rank."""
     mesh = op_schema.get_mesh_from_args()

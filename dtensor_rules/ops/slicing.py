@@ -78,9 +78,12 @@ import torch
 from dtensor_rules._upstream import ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate
 
+from dtensor_rules.costs.formulas.indexing import cat_cost, slice_scatter_cost
 from dtensor_rules.ops._common import PlacementOrHole, metas, normalize_dim, numel
+from dtensor_rules.ops._gaps import ALIASED_UNPRICED
 from dtensor_rules.ops._partial import partial_ops
 from dtensor_rules.registry import register
+from dtensor_rules.testing.suites.slicing import cat_samples, slice_scatter_samples
 
 aten = torch.ops.aten
 CAT = [aten.cat.default, aten.cat.out]
@@ -108,7 +111,8 @@ MAX_SUBSET_INPUTS = 6
 MAX_FREE_INPUTS = 2
 
 
-@register(CAT)
+@register(aten.cat.default, cost=cat_cost, samples=cat_samples)
+@register(aten.cat.out, gaps=ALIASED_UNPRICED)
 def cat_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
     """Non-cat dims shard together; Partial passes (any subset for avg/max/min); the cat dim only
     if one input is non-empty; zero-element inputs are free."""
@@ -195,7 +199,8 @@ def slice_length(size: int, start: int | None, end: int | None, step: int) -> tu
     return lo, len(range(lo, hi, st))
 
 
-@register(SLICE_SCATTER)
+@register(aten.slice_scatter.default, cost=slice_scatter_cost, samples=slice_scatter_samples)
+@register(aten.slice_scatter.out, gaps=ALIASED_UNPRICED)
 def slice_scatter_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
     """Shard dims other than the slice dim together; Partial passes (linear, a selection)."""
     self_m, src_m = metas(args)[:2]

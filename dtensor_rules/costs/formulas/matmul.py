@@ -27,7 +27,7 @@ import torch
 from torch._ops import OpOverload
 
 from dtensor_rules.costs._util import CostError, is_concrete, nbytes
-from dtensor_rules.costs.formulas._table import formula
+from dtensor_rules.costs.formulas._formula import formula
 from dtensor_rules.costs.op_cost import OpCost
 
 GROUPED_MM = torch.ops.aten._grouped_mm.default
@@ -50,7 +50,7 @@ def group_sizes(offs: torch.Tensor | None, groups: int, total: int) -> tuple[lis
     return [q + (1 if g < r else 0) for g in range(groups)], False
 
 
-@formula(GROUPED_MM, family="matmul")
+@formula(family="matmul")
 def grouped_mm_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     a, m2, offs, bias = b["self"], b["mat2"], b["offs"], b["bias"]
     out_dtype = b["out_dtype"] or a.dtype

@@ -14,16 +14,9 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
-from dtensor_rules._upstream import ensure_prims_fma
 from dtensor_rules.costs._util import broadcast_shape, nbytes, numel
-from dtensor_rules.costs.formulas._table import formula
-from dtensor_rules.costs.op_cost import OpCost, table_backed
-
-ensure_prims_fma()  # defines torch.ops.prims.fma
-
-aten = torch.ops.aten
-FMA = torch.ops.prims.fma.default
-SOFTMAX_BACKWARD = (aten._softmax_backward_data.default, aten._softmax_backward_data.out)
+from dtensor_rules.costs.formulas._formula import formula
+from dtensor_rules.costs.op_cost import OpCost
 
 
 def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> OpCost:
@@ -33,21 +26,9 @@ def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> OpCost:
     return OpCost(2 * n, nbytes(a) + nbytes(b) + nbytes(c), n * dtype.itemsize, dtype=dtype)
 
 
-@formula(FMA, family="pointwise")
+@formula(family="pointwise")
 def fma_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return _fma(b["a"], b["b"], b["c"])
-
-
-@table_backed
-def fma_flops(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> int:
-    """One multiply and one add per output element."""
-    return _fma(a, b, c).flops
-
-
-@table_backed
-def fma_bytes(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> int:
-    """Distinct bytes of a, b, c read plus the output written."""
-    return _fma(a, b, c).bytes
 
 
 def _softmax_backward(g: torch.Tensor, y: torch.Tensor, input_dtype: Any) -> OpCost:
@@ -56,18 +37,7 @@ def _softmax_backward(g: torch.Tensor, y: torch.Tensor, input_dtype: Any) -> OpC
     return OpCost(4 * n, nbytes(g) + nbytes(y), n * out_dtype.itemsize, dtype=g.dtype)
 
 
-@formula(*SOFTMAX_BACKWARD, family="reduction")
+@formula(family="reduction")
 def softmax_backward_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return _softmax_backward(b["grad_output"], b["output"], b["input_dtype"])
 
-
-@table_backed
-def softmax_backward_flops(grad_output: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: Any, **_: Any) -> int:
-    """g*y, the row sum, the subtraction and the final product: 4 flops per element."""
-    return _softmax_backward(grad_output, output, input_dtype).flops
-
-
-@table_backed
-def softmax_backward_bytes(grad_output: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: Any, **_: Any) -> int:
-    """g and y read, grad_input written in ``input_dtype``."""
-    return _softmax_backward(grad_output, output, input_dtype).bytes
