@@ -1,10 +1,12 @@
 """dtensor_rules: complete, proven DTensor sharding rules for MoE ops, cost formulas,
 and an ordered-mesh redistribute planner.
 
-``import dtensor_rules`` installs our rules into DTensor's dispatch (policy "measured": ours
-where upstream has no rule, or where ours is measured strictly better on this torch release;
-``status()`` says which and why) unless the environment variable ``DTENSOR_RULES_NO_INSTALL=1``
-is set. Tested on torch 2.13 and 2.14 (setup.py: ``torch>=2.13,<2.15``).
+``import dtensor_rules`` registers the shipped rules (it imports :mod:`dtensor_rules.ops`,
+whose modules each state their ops' contracts with ``register(...)``; the registry imports no
+op module) and installs them into DTensor's dispatch (policy "measured": ours where upstream
+has no rule, or where ours is measured strictly better on this torch release; ``status()``
+says which and why) unless the environment variable ``DTENSOR_RULES_NO_INSTALL=1`` is set.
+Tested on torch 2.13 and 2.14 (setup.py: ``torch>=2.13,<2.15``).
 
 One exception, so the command line answers ``--help`` and typos at once: while
 ``python -m dtensor_rules`` (or the ``dtensor-rules`` script) starts, this module defers
@@ -69,7 +71,7 @@ def load() -> None:
         return
     _loaded = True
     _check_torch()
-    from dtensor_rules import ops  # noqa: F401  (registers the shipped rules)
+    from dtensor_rules import ops  # noqa: F401  (the one place that loads the shipped rules)
     from dtensor_rules import registry
     from dtensor_rules.costs import register_flop_formulas
     from dtensor_rules.redistribute import distribute_tensor, plan

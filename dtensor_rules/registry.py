@@ -1,7 +1,9 @@
 """The rule registry: our rules as values, and the switch that puts them into DTensor.
 
-A :class:`Rule` is data (op, strategy function, cost formulas, docstring, module).
-:func:`register` collects rules; :func:`install` patches DTensor's
+A :class:`Rule` is one op's whole contract, as validated data: its strategy function, its cost
+formula, its sample suite and its doc. :func:`register` collects rules (it imports no op
+module: ``import dtensor_rules`` loads :mod:`dtensor_rules.ops`, whose modules register
+themselves); :func:`install` patches DTensor's
 ``ShardingPropagator`` with them and :func:`uninstall` puts every touched registry
 entry back exactly as it was (same keys, same function objects).
 
@@ -33,7 +35,8 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from types import MappingProxyType
 from typing import Any, Literal
 
 import torch
@@ -59,11 +62,16 @@ from dtensor_rules._upstream import (
     propagator,
     registry,
 )
+from dtensor_rules._metas import metas as tensor_metas
+from dtensor_rules.costs.op_cost import Formula
+from dtensor_rules.costs.rule_source import use_rules
+from dtensor_rules.costs.user_formula import from_flops_bytes
 
 __all__ = [
     "Rule",
     "RuleError",
     "register",
+    "register_rule",
     "register_patch",
     "install",
     "uninstall",
@@ -83,25 +91,72 @@ class RuleError(ValueError):
     """A rule, its registration or its output is malformed."""
 
 
+SampleSuite = Callable[[], Sequence[tuple[tuple[Any, ...], dict[str, Any]]]]
+"""``samples() -> [(args, kwargs), ...]``: fixed inputs (global tensors) the op is validated on."""
+
+
 @dataclass(frozen=True)
 class Rule:
-    """One op's sharding rule and its cost formulas."""
+    """One op's contract: everything the package knows about the op, in one validated value.
+
+    ``strategy`` (with ``kind``) is the sharding rule; ``cost`` prices one call
+    (``cost(op, args, kwargs) -> OpCost``, used by ``costs.estimate``); ``samples`` returns the
+    inputs ``validate`` and the coverage benchmark check it on; ``doc`` is the strategy's
+    docstring (its table of strategies). ``gaps`` says why ``cost`` or ``samples`` is None
+    (every shipped rule has both or says why). ``schema_info``, ``allow_uneven_sharding``,
+    ``handler`` and ``meta_fallback`` are DTensor extension points (module docstring).
+    Wrong field types raise :class:`RuleError` naming the field.
+    """
 
     op: OpOverload
     strategy: Callable[..., Any]
     kind: Kind = "single_dim"
-    flops: Callable[..., int] | None = None
-    bytes: Callable[..., int] | None = None
-    schema_info: RuntimeSchemaInfo | None = None
+    cost: Formula | None = None
+    samples: SampleSuite | None = None
     doc: str = ""
     module: str = ""
+    gaps: str = ""
+    schema_info: RuntimeSchemaInfo | None = None
     allow_uneven_sharding: bool = True
     handler: Callable[..., Any] | None = None
     meta_fallback: Callable[..., Any] | None = None
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.op, OpOverload):
+            raise RuleError(f"Rule.op must be a torch OpOverload, got {self.op!r}")
+        if not callable(self.strategy):
+            raise RuleError(f"a rule must be callable, got {self.strategy!r}")
+        _check_fields({f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("op", "strategy")})
+
+
+def _check_fields(values: dict[str, Any]) -> None:
+    """Raise RuleError naming the first field of ``values`` whose value has the wrong type."""
+    for name, value in values.items():
+        if name == "kind" and value not in _KINDS:
+            raise RuleError(f"unknown rule kind {value!r}: use one of {_KINDS}")
+        if name in _CALLABLE_FIELDS and value is not None and not callable(value):
+            raise RuleError(f"{name}= must be callable{_CALLABLE_FIELDS[name]}, got {value!r}")
+        if name in ("doc", "module", "gaps") and not isinstance(value, str):
+            raise RuleError(f"{name}= must be a str, got {value!r}")
+        if name == "allow_uneven_sharding" and not isinstance(value, bool):
+            raise RuleError(f"allow_uneven_sharding= must be a bool, got {value!r}")
+        if name == "schema_info" and value is not None and not isinstance(value, RuntimeSchemaInfo):
+            raise RuleError(f"schema_info= must be a RuntimeSchemaInfo or None, got {value!r}")
+
+
+_CALLABLE_FIELDS = {
+    "cost": " (cost(op, args, kwargs) -> OpCost, e.g. from dtensor_rules.costs.formulas)",
+    "samples": " (samples() -> [(args, kwargs), ...], e.g. from dtensor_rules.testing.suites)",
+    "flops": " (flops(*args, **kwargs) -> int)",
+    "bytes": " (bytes(*args, **kwargs) -> int or (read, written))",
+    "handler": "",
+    "meta_fallback": "",
+}
+
 
 _lock = threading.RLock()
 _rules: dict[OpOverload, Rule] = {}
+use_rules(MappingProxyType(_rules))  # costs reads rules' formulas through this live view (no import back)
 # op -> {registry attribute name -> (was_present, old_value)}; only ops we touched.
 _saved: dict[OpOverload, dict[str, tuple[bool, Any]]] = {}
 # op -> why ours is active (for status()); set when installed
@@ -200,8 +255,11 @@ def _is_tensor_type(t: Any) -> bool:
 def register(
     op: Any,
     *,
+    cost: Formula | None = None,
+    samples: SampleSuite | None = None,
+    gaps: str = "",
     flops: Callable[..., int] | None = None,
-    bytes: Callable[..., int] | None = None,  # noqa: A002 - public name from the spec
+    bytes: Callable[..., Any] | None = None,  # noqa: A002 - public name from the spec
     kind: Kind = "single_dim",
     schema_info: RuntimeSchemaInfo | None = None,
     replace: bool = False,
@@ -211,51 +269,76 @@ def register(
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: register ``fn`` as the sharding rule of ``op`` (or of each op in a list).
 
+    The call states the op's whole contract (:class:`Rule`): ``cost``, ``samples``, ``gaps``.
+    ``flops=``/``bytes=`` are the short form of ``cost`` for simple custom ops, turned into one
+    formula here (:func:`dtensor_rules.costs.user_formula.from_flops_bytes`).
     ``handler``, ``meta_fallback``: optional DTensor extension points (see module docstring).
 
-    Raises :class:`RuleError` if the op already has a rule here, unless ``replace=True``.
-    Registration does not touch DTensor; :func:`install` does.
+    Raises :class:`RuleError` naming the field for a malformed argument, and if the op
+    already has a rule here, unless ``replace=True``. Registration does not touch DTensor;
+    :func:`install` does.
     """
     ops = [_as_overload(o) for o in (op if isinstance(op, (list, tuple)) else [op])]
-    if kind not in _KINDS:
-        raise RuleError(f"unknown rule kind {kind!r}: use one of {_KINDS}")
-    for name, f in (("flops", flops), ("bytes", bytes), ("handler", handler), ("meta_fallback", meta_fallback)):
-        if f is not None and not callable(f):
-            raise RuleError(f"{name}= must be callable, got {f!r}")
+    _check_fields(dict(
+        kind=kind, cost=cost, samples=samples, gaps=gaps, flops=flops, bytes=bytes, schema_info=schema_info,
+        allow_uneven_sharding=allow_uneven_sharding, handler=handler, meta_fallback=meta_fallback,
+    ))
+    if cost is not None and (flops is not None or bytes is not None):
+        raise RuleError("give cost= (a formula returning OpCost) or flops=/bytes=, not both")
+    if flops is not None or bytes is not None:
+        cost = from_flops_bytes(flops, bytes)
 
     def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
         if not callable(fn):
             raise RuleError(f"a rule must be callable, got {fn!r}")
-        with _lock:
-            for o in ops:
-                if o in _rules and not replace:
-                    old = _rules[o]
-                    raise RuleError(
-                        f"{o} already has a rule ({old.module}.{getattr(old.strategy, '__name__', '?')}); "
-                        "pass replace=True to replace it"
-                    )
-            for o in ops:
-                was_active = o in _saved
-                if was_active:
-                    _uninstall_ops([o])
-                _rules[o] = Rule(
-                    op=o,
-                    strategy=fn,
-                    kind=kind,
-                    flops=flops,
-                    bytes=bytes,
-                    schema_info=schema_info or default_schema_info(o),
-                    doc=(fn.__doc__ or "").strip(),
-                    module=getattr(fn, "__module__", ""),
-                    allow_uneven_sharding=allow_uneven_sharding,
-                    handler=handler,
-                    meta_fallback=meta_fallback,
-                )
-                if was_active:
-                    _install_ops([o], "override")
+        new = [
+            Rule(
+                op=o,
+                strategy=fn,
+                kind=kind,
+                cost=cost,
+                samples=samples,
+                doc=(fn.__doc__ or "").strip(),
+                module=getattr(fn, "__module__", "") or "",
+                gaps=gaps,
+                schema_info=schema_info or default_schema_info(o),
+                allow_uneven_sharding=allow_uneven_sharding,
+                handler=handler,
+                meta_fallback=meta_fallback,
+            )
+            for o in ops
+        ]
+        _add(new, replace)
         return fn
 
     return decorator
+
+
+def register_rule(rule: Rule, *, replace: bool = False) -> Rule:
+    """Register a :class:`Rule` value as it is (e.g. put back one read with :func:`get_rule`)."""
+    if not isinstance(rule, Rule):
+        raise RuleError(f"register_rule takes a Rule, got {rule!r}")
+    _add([rule], replace)
+    return rule
+
+
+def _add(new: Sequence[Rule], replace: bool) -> None:
+    """Store ``new`` (all or none), swapping an installed rule in place."""
+    with _lock:
+        for r in new:
+            if r.op in _rules and not replace:
+                old = _rules[r.op]
+                raise RuleError(
+                    f"{r.op} already has a rule ({old.module}.{getattr(old.strategy, '__name__', '?')}); "
+                    "pass replace=True to replace it"
+                )
+        for r in new:
+            was_active = r.op in _saved
+            if was_active:
+                _uninstall_ops([r.op])
+            _rules[r.op] = r
+            if was_active:
+                _install_ops([r.op], "override")
 
 
 def unregister(op: Any) -> None:
@@ -268,23 +351,22 @@ def unregister(op: Any) -> None:
 
 
 def rules() -> dict[OpOverload, Rule]:
-    """A snapshot mapping op -> Rule of everything registered here."""
-    _ensure_ops_loaded()
+    """A snapshot mapping op -> Rule of everything registered so far.
+
+    ``import dtensor_rules`` has registered the shipped rules (it imports :mod:`dtensor_rules.ops`);
+    the registry itself never imports op modules.
+    """
     with _lock:
         return dict(_rules)
 
 
 def get_rule(op: Any) -> Rule:
-    _ensure_ops_loaded()
+    """The :class:`Rule` of ``op``; :class:`RuleError` if it has none."""
     o = _as_overload(op)
     try:
         return _rules[o]
     except KeyError:
         raise RuleError(f"dtensor_rules has no rule for {o}") from None
-
-
-def _ensure_ops_loaded() -> None:
-    import dtensor_rules.ops  # noqa: F401  (registers the shipped rules)
 
 
 # --------------------------------------------------------------------------- validation
@@ -301,8 +383,6 @@ def _checked_single_dim(rule: Rule) -> Callable[..., Any]:
         result = fn(op, args_meta, kwargs_meta)
         if not isinstance(result, list):
             raise RuleError(f"rule for {op} returned {type(result).__name__}, expected a list of strategies")
-        from dtensor_rules.ops._common import metas as tensor_metas
-
         metas = tensor_metas((args_meta, kwargs_meta))
         width = n_out + len(metas)
         for s in result:
@@ -483,7 +563,6 @@ def install(policy: Policy = "measured", ops: Sequence[Any] | None = None) -> li
     """
     if policy not in _POLICIES:
         raise RuleError(f"unknown install policy {policy!r}: use one of {_POLICIES}")
-    _ensure_ops_loaded()
     with _lock:
         targets = list(_rules) if ops is None else [_as_overload(o) for o in ops]
         missing = [o for o in targets if o not in _rules]
@@ -528,7 +607,6 @@ def status() -> dict[OpOverload, dict[str, str]]:
     """Per op with a rule here: who has a rule (``has``: "ours"/"both"), which is ``active``
     ("ours"/"upstream"/"none") and ``why`` (e.g. "ours: 54 correct vs upstream 14, upstream 2
     incorrect", "upstream kept: equal coverage (17 correct each)")."""
-    _ensure_ops_loaded()
     prop = _propagator()
     out: dict[OpOverload, dict[str, str]] = {}
     with _lock:

@@ -101,10 +101,10 @@ def test_rule_formulas_still_work_from_the_ops_modules() -> None:
     from dtensor_rules.registry import get_rule
 
     a = torch.randn(2, 3)
-    rule = get_rule(fma)
-    assert rule.flops(a, a, a) == 12 and rule.bytes(a, a, a) == 4 * 24
-    srule = get_rule(aten._softmax_backward_data.default)
-    assert srule.flops(a, a, 1, torch.float32) == 24
+    cost = get_rule(fma).cost(fma, (a, a, a), {})
+    assert cost.flops == 12 and cost.bytes == 4 * 24 and cost == estimate(fma, a, a, a)
+    sbd = aten._softmax_backward_data.default
+    assert get_rule(sbd).cost(sbd, (a, a, 1, torch.float32), {}).flops == 24
 
 
 def test_flop_counter_counts_new_ops() -> None:

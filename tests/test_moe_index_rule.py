@@ -64,7 +64,7 @@ def test_validator_catches_a_wrong_rule_for_this_op() -> None:
     try:
         report = check_rule(OP, args, {}, (2,))
     finally:
-        registry.register(OP, flops=rule.flops, bytes=rule.bytes, replace=True)(rule.strategy)
+        registry.register_rule(rule, replace=True)
     assert report.ours.incorrect == 1, report.summary()
     assert registry.get_rule(OP).strategy is moe_permute_indices_strategy
 
@@ -94,8 +94,9 @@ def test_cost_formulas() -> None:
     counts = torch.tensor([4, 0, 2, 3, 1, 0, 0, 5], dtype=torch.int64)
     outs = moe_permute_indices(counts, 4, 2, 40, 8)
     moved = counts.nbytes + sum(o.nbytes for o in outs)  # read the input once, write each output once
-    assert rule.bytes(counts, 4, 2, 40, 8) == moved == 8 * 8 + 4 * (40 + 4 + 4)
-    assert rule.flops(counts, 4, 2, 40, 8) == 0  # integer index arithmetic only
+    cost = rule.cost(OP, (counts, 4, 2, 40, 8), {})
+    assert cost.bytes == moved == 8 * 8 + 4 * (40 + 4 + 4)
+    assert cost.flops == 0  # integer index arithmetic only
 
 
 def test_registered_as_ours_with_no_upstream_rule() -> None:

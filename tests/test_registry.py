@@ -174,7 +174,7 @@ def test_replace_swaps_the_rule_and_restores(restore_install):
         prop = DTensor._op_dispatcher.sharding_propagator
         assert prop.op_single_dim_strategy_funcs[FMA].func.__wrapped__ is only_replicate
     finally:
-        dtensor_rules.register(FMA, replace=True, flops=original.flops, bytes=original.bytes)(original.strategy)
+        registry.register_rule(original, replace=True)
     assert registry.get_rule(FMA).strategy is original.strategy
 
 
@@ -203,12 +203,14 @@ def test_install_of_an_op_without_rule_is_rejected():
         dtensor_rules.install(ops=[torch.ops.aten.neg.default])
 
 
-def test_rules_carry_doc_module_and_costs():
+def test_rules_carry_doc_module_cost_and_samples():
     rule = registry.get_rule(FMA)
     assert rule.module == "dtensor_rules.ops.fma"
     assert "Pointwise" in rule.doc
     a = torch.empty(4, 6, device="meta")
-    assert rule.flops(a, a, a) == 2 * 24
+    assert rule.cost(FMA, (a, a, a), {}).flops == 2 * 24
+    args, kwargs = rule.samples()[0]
+    assert FMA(*args, **kwargs).shape == torch.broadcast_shapes(*(t.shape for t in args))
 
 
 def test_import_without_install_and_old_torch_message():
@@ -261,7 +263,7 @@ def test_malformed_strategy_is_reported_with_the_rule_name(restore_install):
         with pytest.raises(RuleError, match="returned 'S\\(0\\)' .*not a Placement"):
             info.func(FMA, (meta, meta, meta), {})
     finally:
-        dtensor_rules.register(FMA, replace=True, flops=original.flops, bytes=original.bytes)(original.strategy)
+        registry.register_rule(original, replace=True)
 
 
 def test_placeholder_strategies_pass_validation():

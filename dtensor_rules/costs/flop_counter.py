@@ -1,11 +1,13 @@
 """Teach ``torch.utils.flop_counter.FlopCounterMode`` the ops it counts as free.
 
 :func:`register_flop_formulas` registers our formulas (``OpCost.flops``) with
-``register_flop_formula`` for every op packet in our table that has arithmetic and that torch
-has no formula for; torch's own formulas (mm, bmm, attention, ...) are never replaced.
+``register_flop_formula`` for every op packet whose rule has a cost formula (``Rule.cost``),
+that has arithmetic and that torch has no formula for; torch's own formulas (mm, bmm,
+attention, ...) are never replaced.
 It is idempotent and undone by :func:`unregister_flop_formulas`. ``import dtensor_rules``
-calls it. Pure data movement (cat, gather, index, scatter, slice_scatter) is not
-registered: it has 0 flops and would only add empty rows to FlopCounterMode tables.
+calls it. Pure data movement (cat, gather, index, scatter, slice_scatter, the MoE index
+permutation) is not registered: it has 0 flops and would only add empty rows to
+FlopCounterMode tables.
 """
 
 from __future__ import annotations
@@ -17,32 +19,34 @@ import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
 from dtensor_rules.costs._util import fits
-from dtensor_rules.costs.formulas import TABLE
+from dtensor_rules.costs.op_cost import Formula
+from dtensor_rules.costs.rule_source import rule_formulas
 
 __all__ = ["register_flop_formulas", "unregister_flop_formulas", "registered_flop_formulas"]
 
 aten = torch.ops.aten
 _DATA_MOVEMENT = {aten.cat, aten.gather, aten.index, aten.slice_scatter, aten.scatter, aten.scatter_}
+_DATA_MOVEMENT_NAMES = {"dtensor_rules::moe_permute_indices"}  # custom ops: by name, they may load later
 _ours: dict[OpOverloadPacket, Callable[..., int]] = {}
 
 
-def _counter(packet: OpOverloadPacket, overloads: list[OpOverload]) -> Callable[..., int]:
+def _counter(packet: OpOverloadPacket, overloads: dict[OpOverload, Formula]) -> Callable[..., int]:
     def flops(*args: Any, out_val: Any = None, **kwargs: Any) -> int:
-        for op in overloads:
+        for op, formula in overloads.items():
             if fits(op, args, kwargs):
-                return TABLE[op](op, args, kwargs).flops
+                return formula(op, args, kwargs).flops
         return 0  # an overload we have no formula for (e.g. an out= variant): torch's old answer
 
     flops.__name__ = f"dtensor_rules_{packet.__name__}_flops"
     return flops
 
 
-def _packets() -> dict[OpOverloadPacket, list[OpOverload]]:
-    out: dict[OpOverloadPacket, list[OpOverload]] = {}
-    for op in TABLE:
+def _packets() -> dict[OpOverloadPacket, dict[OpOverload, Formula]]:
+    out: dict[OpOverloadPacket, dict[OpOverload, Formula]] = {}
+    for op, formula in rule_formulas().items():
         packet = op.overloadpacket
-        if packet not in _DATA_MOVEMENT:
-            out.setdefault(packet, []).append(op)
+        if packet not in _DATA_MOVEMENT and packet._qualified_op_name not in _DATA_MOVEMENT_NAMES:
+            out.setdefault(packet, {})[op] = formula
     return out
 
 

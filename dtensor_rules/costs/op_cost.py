@@ -2,14 +2,14 @@
 
 Lookup order (first that applies wins):
 
-1. a user rule's ``Rule.flops`` / ``Rule.bytes`` from :func:`dtensor_rules.registry.rules`
-   (how users price their own custom ops);
-2. our per-op table (:mod:`dtensor_rules.costs.formulas`), keyed by ``OpOverload``;
-3. torch's own flop formula (``torch.utils.flop_counter.flop_registry``: mm, addmm, bmm,
+1. the op's rule's ``Rule.cost`` formula (our rules name one from
+   :mod:`dtensor_rules.costs.formulas`; users' ``register(op, flops=, bytes=)`` become one),
+   found through :mod:`dtensor_rules.costs.rule_source` (costs never imports the registry);
+2. torch's own flop formula (``torch.utils.flop_counter.flop_registry``: mm, addmm, bmm,
    baddbmm, convolution, attention, ...) with operand/output bytes;
-4. generic families: views (free), factories, copies, pointwise ops (1 op per output
+3. generic families: views (free), factories, copies, pointwise ops (1 op per output
    element), reductions (1 op per input element);
-5. ``fallback=True`` only: a memory-bound estimate (inputs read + outputs written,
+4. ``fallback=True`` only: a memory-bound estimate (inputs read + outputs written,
    0 flops) marked ``exact=False, source="fallback"``; otherwise :class:`CostError`.
 
 Formulas read only shapes, strides and dtypes, except where the cost depends on data
@@ -28,8 +28,9 @@ import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
 from dtensor_rules.costs._util import CostError, first_float_dtype, fits, nbytes
+from dtensor_rules.costs.rule_source import rule_for
 
-__all__ = ["OpCost", "CostError", "estimate", "estimate_call", "resolve_overload"]
+__all__ = ["OpCost", "CostError", "Formula", "estimate", "estimate_call", "resolve_overload"]
 
 Unit = Literal["tensor", "vector"]
 
@@ -75,6 +76,10 @@ class OpCost:
         )
 
 
+Formula = Callable[[OpOverload, tuple[Any, ...], dict[str, Any]], OpCost]
+"""A cost formula: ``formula(op, args, kwargs) -> OpCost`` for one call (``Rule.cost``)."""
+
+
 def resolve_overload(op: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> OpOverload:
     """An ``OpOverload`` as is; for an overload packet, the overload whose schema the call fits."""
     if isinstance(op, OpOverload):
@@ -105,16 +110,11 @@ def estimate_call(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = 
     args = tuple(args)
     overload = resolve_overload(op, args, kwargs)
 
-    user = _from_user_rule(overload, args, kwargs)
-    if user is not None:
-        return user
+    rule = rule_for(overload)
+    if rule is not None and rule.cost is not None:
+        return rule.cost(overload, args, kwargs)
 
-    from dtensor_rules.costs.formulas import TABLE, generic_cost
-
-    formula = TABLE.get(overload)
-    if formula is not None:
-        return formula(overload, args, kwargs)
-
+    from dtensor_rules.costs.formulas import generic_cost
     from dtensor_rules.costs.formulas.torch_flops import torch_flop_cost
 
     cost = torch_flop_cost(overload, args, kwargs)
@@ -126,58 +126,10 @@ def estimate_call(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = 
     if fallback:
         return _memory_fallback(overload, args, kwargs)
     raise CostError(
-        f"no cost formula for {overload}: register one with "
-        f"dtensor_rules.register({overload}, flops=..., bytes=...)(rule), or call "
+        f"no cost formula for {overload}: give its rule one with "
+        f"dtensor_rules.register({overload}, cost=...) or (flops=..., bytes=...), or call "
         "estimate_call(op, args, kwargs, fallback=True) for a memory-bound estimate (inputs read + "
         "outputs written, 0 flops, marked exact=False)"
-    )
-
-
-def table_backed(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Mark a ``Rule.flops/bytes`` callable as a view of our table, so ``estimate`` uses the table's full OpCost."""
-    fn.__dtensor_rules_table__ = True  # type: ignore[attr-defined]
-    return fn
-
-
-def _from_user_rule(op: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpCost | None:
-    from dtensor_rules.registry import rules
-
-    rule = rules().get(op)
-    if rule is None or (rule.flops is None and rule.bytes is None):
-        return None
-    fns = [f for f in (rule.flops, rule.bytes) if f is not None]
-    if all(getattr(f, "__dtensor_rules_table__", False) for f in fns):
-        return None
-    notes = []
-    flops = 0
-    if rule.flops is not None:
-        flops = int(rule.flops(*args, **kwargs))
-    else:
-        notes.append("rule gave no flops formula: 0 assumed")
-    read = written = 0
-    if rule.bytes is not None:
-        b = rule.bytes(*args, **kwargs)
-        if isinstance(b, OpCost):
-            read, written = b.bytes_read, b.bytes_written
-        elif isinstance(b, tuple) and len(b) == 2:
-            read, written = int(b[0]), int(b[1])
-        elif isinstance(b, int):
-            read = int(b)
-            notes.append("rule gave total bytes: counted as bytes_read")
-        else:
-            raise CostError(f"bytes formula of the rule for {op} returned {b!r}: expected int, (read, written) or OpCost")
-    else:
-        notes.append("rule gave no bytes formula: 0 assumed")
-    if flops < 0 or read < 0 or written < 0:
-        raise CostError(f"cost formula of the rule for {op} returned a negative cost")
-    return OpCost(
-        flops,
-        read,
-        written,
-        dtype=first_float_dtype(_tensors(args, kwargs)),
-        exact=not notes,
-        source="rule",
-        note="; ".join(notes),
     )
 
 

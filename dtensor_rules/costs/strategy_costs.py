@@ -33,6 +33,7 @@ from torch.utils import _pytree as pytree
 from dtensor_rules.costs._util import CostError
 from dtensor_rules.costs.hardware import Hardware, get_hardware
 from dtensor_rules.costs.op_cost import OpCost, estimate_call
+from dtensor_rules.costs.rule_source import rule_for
 from dtensor_rules.costs.runtime import runtime
 
 __all__ = ["StrategyCost", "strategy_costs", "format_strategy_costs"]
@@ -80,15 +81,15 @@ def _op_strategy(op: OpOverload, args: tuple, kwargs: dict, mesh: DeviceMesh, cu
     from dtensor_rules._upstream import RuntimeSchemaInfo
     from dtensor_rules._upstream import expand_single_dim_rule, SingleDimStrategyInfo
 
-    from dtensor_rules.registry import default_schema_info, get_rule
-
-    rule = get_rule(op)
+    rule = rule_for(op)
+    if rule is None:
+        raise CostError(f"dtensor_rules has no rule for {op}: strategy_costs prices the strategies of our rules")
     tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     input_strats = [
         OpStrategy([OpSpec(DTensorSpec(mesh, tuple(pl), tensor_meta=_meta_of(t)))]) for t, pl in zip(tensors, current)
     ]
     s_args, s_kwargs = _replace_tensors((args, kwargs), input_strats)
-    info = rule.schema_info or default_schema_info(op)
+    info = rule.schema_info  # the registry fills it (default_schema_info) when the rule gave none
     has_list = any(isinstance(a, (list, tuple)) for a in (*args, *kwargs.values()))
     if has_list and not info.needs_pytree:
         info = RuntimeSchemaInfo(info.static_argnum, info.static_kwargkey, needs_pytree=True)

@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
-from dtensor_rules._upstream import ShardingPlaceholder, TensorMeta
+from dtensor_rules._metas import metas  # noqa: F401  (re-exported: the rules' tensor-meta helper)
+from dtensor_rules._upstream import ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Placement, Replicate
 
 PlacementOrHole = Placement | ShardingPlaceholder
@@ -44,13 +45,6 @@ def shard_through_broadcast(out_shape: Sequence[int], in_shapes: Sequence[Sequen
         if any(isinstance(p, ShardingPlaceholder) for p in row[1:]):
             out.append(row)
     return out
-
-
-def metas(args: Any) -> list[TensorMeta]:
-    from torch.utils._pytree import tree_leaves
-
-    # TensorMeta is a NamedTuple: stop pytree from flattening it into its fields
-    return [m for m in tree_leaves(args, is_leaf=lambda x: isinstance(x, TensorMeta)) if isinstance(m, TensorMeta)]
 
 
 def numel(t: Any) -> int:

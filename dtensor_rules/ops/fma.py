@@ -43,11 +43,12 @@ import torch
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
 from dtensor_rules._upstream import ensure_prims_fma, on_prims_fma_defined
-from dtensor_rules.costs.formulas.pointwise import fma_bytes, fma_flops, register_fma_formula
+from dtensor_rules.costs.formulas.pointwise import fma_cost
 from dtensor_rules.ops._common import PlacementOrHole, broadcast_shape, metas, shard_through_broadcast
 from dtensor_rules.ops._compact_dispatch import compact_dispatch, compact_rows
 from dtensor_rules.ops._partial import partial_ops
 from dtensor_rules.ops._partial_cast import partial_survives_cast
+from dtensor_rules.testing.suites.pointwise import fma_samples
 
 
 def __getattr__(name: str) -> Any:
@@ -99,9 +100,8 @@ def _register() -> None:
     from dtensor_rules.costs.flop_counter import register_flop_formulas, registered_flop_formulas
 
     op = torch.ops.prims.fma.default
-    register_fma_formula()
-    if op not in registry.rules():
-        registry.register(op, flops=fma_flops, bytes=fma_bytes, handler=compact_dispatch)(fma_strategy)
+    if op not in registry.rules():  # the whole contract (strategy, cost, samples), once inductor defines the op
+        registry.register(op, cost=fma_cost, samples=fma_samples, handler=compact_dispatch)(fma_strategy)
     if registry.active_ops():  # our rules are installed: this one too (after upstream's, which inductor just registered)
         registry.install(ops=[op])
     if registered_flop_formulas():

@@ -80,7 +80,9 @@ from dtensor_rules.ops.grouped_mm_checks import (  # noqa: F401  (kernel_accepts
     kernel_accepts_layout,
     shards_accepted_cached,
 )
+from dtensor_rules.costs.formulas.matmul import grouped_mm_cost
 from dtensor_rules.registry import register
+from dtensor_rules.testing.suites.grouped_mm import grouped_mm_samples
 
 aten = torch.ops.aten
 GROUPED_MM = aten._grouped_mm.default
@@ -175,7 +177,10 @@ def grouped_mm_handler(op: Any, args: Any, kwargs: Any) -> Any:
     return dispatch_with_local_fix(op, args, kwargs, _aligned_local)
 
 
-@register(GROUPED_MM, kind="op_strategy", meta_fallback=grouped_mm_meta_fallback, handler=grouped_mm_handler)
+@register(
+    GROUPED_MM, kind="op_strategy", cost=grouped_mm_cost, samples=grouped_mm_samples,
+    meta_fallback=grouped_mm_meta_fallback, handler=grouped_mm_handler,
+)
 def grouped_mm_strategy(op_schema: OpSchema) -> OpStrategy:
     """Experts/M/N sharding and K -> P(sum) per mode (grouped dims never split), kept where the
     usual local layouts need no copy (checked per mesh dim and distinct local size, cached)."""

@@ -78,9 +78,12 @@ import torch
 from dtensor_rules._upstream import ShardingPlaceholder, TensorMeta
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
+from dtensor_rules.costs.formulas.indexing import index_cost, index_put_cost
 from dtensor_rules.ops._common import PlacementOrHole, size_is
 from dtensor_rules.ops import _cache_miss, _unbacked  # noqa: F401  (register the cache_miss_hook, unbacked_sharding patches)
+from dtensor_rules.ops._gaps import ALIASED_SAMPLES, ALIASED_UNPRICED, HACKED_TWIN
 from dtensor_rules.registry import register
+from dtensor_rules.testing.suites.indexing import index_put_samples, index_samples
 
 aten = torch.ops.aten
 
@@ -180,7 +183,9 @@ def _partial_ops(dtype: torch.dtype) -> tuple[str, ...]:
     return ("sum", "avg", "max", "min") if dtype.is_floating_point or dtype.is_complex else ("sum", "max", "min")
 
 
-@register([aten.index.Tensor, aten.index.Tensor_out, aten.index.Tensor_hacked_twin])
+@register(aten.index.Tensor, cost=index_cost, samples=index_samples)
+@register(aten.index.Tensor_out, gaps=ALIASED_UNPRICED)
+@register(aten.index.Tensor_hacked_twin, gaps=HACKED_TWIN)
 def index_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Pass non-indexed dims through, split the index shape with the index tensors, pass any Partial."""
     self_meta, indices = args[0], args[1]
@@ -242,7 +247,10 @@ def _mask_strategies(lay: IndexLayout, values: TensorMeta, row: Any) -> list[lis
     return out
 
 
-@register(INDEX_PUT + INDEX_PUT_INPLACE)
+@register(aten.index_put.default, cost=index_put_cost, samples=index_put_samples)
+@register([aten.index_put_.default, aten._index_put_impl_.default], cost=index_put_cost, gaps=ALIASED_SAMPLES)
+@register(aten.index_put.out, gaps=ALIASED_UNPRICED)
+@register([aten.index_put.hacked_twin, aten.index_put_.hacked_twin], gaps=HACKED_TWIN)
 def index_put_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Non-indexed dims pass through; accumulate allows the sharded-index combine into P(sum); Partial by linearity."""
     self_meta, indices, values = args[0], args[1], args[2]

@@ -97,11 +97,14 @@ from dtensor_rules._upstream import OpSchema, OpStrategy, ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
+from dtensor_rules.costs.formulas.indexing import cat_cost, slice_scatter_cost
 from dtensor_rules.ops._casts import cast_partial_ops
 from dtensor_rules.ops._common import PlacementOrHole, normalize_dim
 from dtensor_rules.ops._compact import Key, flat_inputs, key, rows_strategy
+from dtensor_rules.ops._gaps import ALIASED_UNPRICED
 from dtensor_rules.ops._partial import partial_ops
 from dtensor_rules.registry import register
+from dtensor_rules.testing.suites.slicing import cat_samples, slice_scatter_samples
 
 aten = torch.ops.aten
 CAT = [aten.cat.default, aten.cat.out]
@@ -271,7 +274,8 @@ def _cat_args(op_schema: OpSchema) -> tuple[list[Any], int]:
     return list(args[0]), dim
 
 
-@register(CAT, kind="op_strategy")
+@register(aten.cat.default, kind="op_strategy", cost=cat_cost, samples=cat_samples)
+@register(aten.cat.out, kind="op_strategy", gaps=ALIASED_UNPRICED)
 def cat_strategy(op_schema: OpSchema, full: bool = False) -> OpStrategy:
     """Non-cat dims shard together; Partial passes where the dtype cast keeps it; the cat dim only
     if one input is non-empty; zero-element inputs are free."""
@@ -413,7 +417,8 @@ def slice_scatter_rows(call: ScatterCall) -> tuple[Row, ...]:
     return tuple(strategies)
 
 
-@register(SLICE_SCATTER, kind="op_strategy")
+@register(aten.slice_scatter.default, kind="op_strategy", cost=slice_scatter_cost, samples=slice_scatter_samples)
+@register(aten.slice_scatter.out, kind="op_strategy", gaps=ALIASED_UNPRICED)
 def slice_scatter_strategy(op_schema: OpSchema, full: bool = False) -> OpStrategy:
     """Shard dims other than the slice dim together; Partial passes where src's cast keeps it."""
     call = _scatter_call(op_schema)

@@ -31,17 +31,20 @@ import torch
 from dtensor_rules._upstream import ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
-from dtensor_rules.costs.formulas.pointwise import softmax_backward_bytes, softmax_backward_flops
+from dtensor_rules.costs.formulas.pointwise import softmax_backward_cost
+from dtensor_rules.ops._gaps import ALIASED_SAMPLES
 from dtensor_rules.ops._common import PlacementOrHole, metas, normalize_dim
 from dtensor_rules.ops._compact_dispatch import compact_dispatch, compact_rows
 from dtensor_rules.ops._partial_cast import partial_survives_cast
 from dtensor_rules.registry import register
+from dtensor_rules.testing.suites.pointwise import softmax_backward_samples
 
 aten = torch.ops.aten
 SOFTMAX_BACKWARD = [aten._softmax_backward_data.default, aten._softmax_backward_data.out]
 
 
-@register(SOFTMAX_BACKWARD, flops=softmax_backward_flops, bytes=softmax_backward_bytes, handler=compact_dispatch)
+@register(aten._softmax_backward_data.default, cost=softmax_backward_cost, samples=softmax_backward_samples, handler=compact_dispatch)
+@register(aten._softmax_backward_data.out, cost=softmax_backward_cost, gaps=ALIASED_SAMPLES, handler=compact_dispatch)
 def softmax_backward_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Shard any non-softmax dim; Partial(sum/avg) grad passes through (linearity)."""
     g = metas(args)[0]

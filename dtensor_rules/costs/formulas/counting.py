@@ -26,13 +26,13 @@ import torch
 from torch._ops import OpOverload
 
 from dtensor_rules.costs._util import is_concrete, nbytes, numel
-from dtensor_rules.costs.formulas._table import formula
+from dtensor_rules.costs.formulas._formula import formula
 from dtensor_rules.costs.op_cost import OpCost
 
 aten = torch.ops.aten
 
 
-@formula(aten.cumsum.default, aten.cumsum_.default, family="scan")
+@formula(family="scan")
 def cumsum_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, dtype = b["self"], b["dtype"]
     if op is aten.cumsum_.default:
@@ -47,7 +47,7 @@ def cumsum_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return OpCost(n, nbytes(self), n * out_dtype.itemsize, dtype=out_dtype)
 
 
-@formula(aten.histc.default, family="histogram")
+@formula(family="histogram")
 def histc_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, bins = b["self"], int(b["bins"])
     n = numel(self)
@@ -57,7 +57,7 @@ def histc_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return OpCost(flops, read, bins * self.dtype.itemsize, dtype=self.dtype)
 
 
-@formula(aten.bincount.default, family="scatter")
+@formula(family="scatter")
 def bincount_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, weights, minlength = b["self"], b["weights"], int(b["minlength"])
     n = numel(self)

@@ -41,14 +41,14 @@ import torch
 from torch._ops import OpOverload
 
 from dtensor_rules.costs._util import CostError, broadcast_shape, is_concrete, nbytes, numel
-from dtensor_rules.costs.formulas._table import formula
+from dtensor_rules.costs.formulas._formula import formula
 from dtensor_rules.costs.op_cost import OpCost
 
 aten = torch.ops.aten
 _MASK_NOTE = "boolean mask values unknown (fake/meta): all True assumed (upper bound)"
 
 
-@formula(aten.cat.default, family="copy")
+@formula(family="copy")
 def cat_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     tensors = [t for t in b["tensors"] if not (t.dim() == 1 and t.shape[0] == 0)]  # legacy empty inputs are skipped
     if not tensors:
@@ -60,7 +60,7 @@ def cat_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return OpCost(0, sum(nbytes(t) for t in tensors), out, dtype=dtype)
 
 
-@formula(aten.gather.default, family="gather")
+@formula(family="gather")
 def gather_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, index = b["self"], b["index"]
     k, isz = numel(index), self.dtype.itemsize
@@ -71,7 +71,7 @@ _SCATTER_OUT = (aten.scatter.src, aten.scatter.value, aten.scatter_add.default, 
 _SCATTER_INPLACE = (aten.scatter_.src, aten.scatter_.value, aten.scatter_add_.default, aten.scatter_reduce_.two)
 
 
-@formula(*_SCATTER_OUT, *_SCATTER_INPLACE, family="scatter")
+@formula(family="scatter")
 def scatter_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, index = b["self"], b["index"]
     src = b.get("src")
@@ -140,7 +140,7 @@ def _idx_bytes(indices: list[Any]) -> int:
     return sum(nbytes(i) for i in indices if i is not None and i.dtype not in (torch.bool, torch.uint8))
 
 
-@formula(aten.index.Tensor, family="index")
+@formula(family="index")
 def index_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, indices = b["self"], list(b["indices"])
     k, per, exact, mask_read, mask_written = _indexed_positions(self, indices, op)
@@ -149,7 +149,7 @@ def index_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
                   note="" if exact else _MASK_NOTE, family=_index_family(per))
 
 
-@formula(aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default, family="index")
+@formula(family="index")
 def index_put_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, indices, values = b["self"], list(b["indices"]), b["values"]
     k, per, exact, mask_read, mask_written = _indexed_positions(self, indices, op)
@@ -168,7 +168,7 @@ def index_put_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return OpCost(flops, read, written, dtype=self.dtype, exact=exact, note="" if exact else _MASK_NOTE, family=family)
 
 
-@formula(aten.slice_scatter.default, family="copy")
+@formula(family="copy")
 def slice_scatter_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, src = b["self"], b["src"]
     isz = self.dtype.itemsize

@@ -32,7 +32,7 @@ import torch
 from torch._ops import OpOverload
 
 from dtensor_rules.costs._util import CostError, is_concrete, nbytes
-from dtensor_rules.costs.formulas._table import formula
+from dtensor_rules.costs.formulas._formula import formula
 from dtensor_rules.costs.op_cost import OpCost
 from dtensor_rules.ops.grouped_mm_checks import check_call
 
@@ -56,7 +56,7 @@ def group_sizes(offs: torch.Tensor | None, groups: int, total: int) -> tuple[lis
     return [q + (1 if g < r else 0) for g in range(groups)], False
 
 
-@formula(GROUPED_MM, family="matmul")
+@formula(family="matmul")
 def grouped_mm_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     a, m2, offs, bias = b["self"], b["mat2"], b["offs"], b["bias"]
     check_call(a, m2, offs, bias, b["out_dtype"])  # what the op raises, estimate raises

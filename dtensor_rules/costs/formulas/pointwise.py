@@ -15,11 +15,8 @@ import torch
 from torch._ops import OpOverload
 
 from dtensor_rules.costs._util import broadcast_shape, nbytes, numel
-from dtensor_rules.costs.formulas._table import TABLE, formula
-from dtensor_rules.costs.op_cost import OpCost, table_backed
-
-aten = torch.ops.aten
-SOFTMAX_BACKWARD = (aten._softmax_backward_data.default, aten._softmax_backward_data.out)
+from dtensor_rules.costs.formulas._formula import formula
+from dtensor_rules.costs.op_cost import OpCost
 
 
 def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> OpCost:
@@ -29,28 +26,9 @@ def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> OpCost:
     return OpCost(2 * n, nbytes(a) + nbytes(b) + nbytes(c), n * dtype.itemsize, dtype=dtype)
 
 
+@formula(family="pointwise")
 def fma_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return _fma(b["a"], b["b"], b["c"])
-
-
-def register_fma_formula() -> None:
-    """Put ``prims.fma`` in the table once it exists (``dtensor_rules.ops.fma`` calls this when
-    inductor defines the op: importing inductor ourselves would cost ~2 s at import)."""
-    fma = torch.ops.prims.fma.default
-    if fma not in TABLE:
-        formula(fma, family="pointwise")(fma_cost)
-
-
-@table_backed
-def fma_flops(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> int:
-    """One multiply and one add per output element."""
-    return _fma(a, b, c).flops
-
-
-@table_backed
-def fma_bytes(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> int:
-    """Distinct bytes of a, b, c read plus the output written."""
-    return _fma(a, b, c).bytes
 
 
 def _softmax_backward(g: torch.Tensor, y: torch.Tensor, input_dtype: Any) -> OpCost:
@@ -59,18 +37,7 @@ def _softmax_backward(g: torch.Tensor, y: torch.Tensor, input_dtype: Any) -> OpC
     return OpCost(4 * n, nbytes(g) + nbytes(y), n * out_dtype.itemsize, dtype=g.dtype)
 
 
-@formula(*SOFTMAX_BACKWARD, family="reduction")
+@formula(family="reduction")
 def softmax_backward_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return _softmax_backward(b["grad_output"], b["output"], b["input_dtype"])
 
-
-@table_backed
-def softmax_backward_flops(grad_output: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: Any, **_: Any) -> int:
-    """g*y, the row sum, the subtraction and the final product: 4 flops per element."""
-    return _softmax_backward(grad_output, output, input_dtype).flops
-
-
-@table_backed
-def softmax_backward_bytes(grad_output: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: Any, **_: Any) -> int:
-    """g and y read, grad_input written in ``input_dtype``."""
-    return _softmax_backward(grad_output, output, input_dtype).bytes

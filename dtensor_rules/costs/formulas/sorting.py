@@ -19,7 +19,7 @@ import torch
 from torch._ops import OpOverload
 
 from dtensor_rules.costs._util import dim_size, nbytes, numel
-from dtensor_rules.costs.formulas._table import formula
+from dtensor_rules.costs.formulas._formula import formula
 from dtensor_rules.costs.op_cost import OpCost
 
 aten = torch.ops.aten
@@ -30,7 +30,7 @@ def _log2(n: int) -> int:
     return math.ceil(math.log2(n)) if n > 1 else 0
 
 
-@formula(aten.sort.default, aten.sort.stable, aten.argsort.default, aten.argsort.stable, family="sort")
+@formula(family="sort")
 def sort_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self = b["self"]
     total = numel(self)
@@ -40,7 +40,7 @@ def sort_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     return OpCost(flops, nbytes(self), total * (self.dtype.itemsize + INDEX_BYTES), dtype=self.dtype)
 
 
-@formula(aten.topk.default, family="sort")
+@formula(family="sort")
 def topk_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
     self, k = b["self"], int(b["k"])
     n = dim_size(self, b["dim"])

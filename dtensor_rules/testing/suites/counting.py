@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from dtensor_rules.testing.suites import Samples, generator, suite
-
-aten = torch.ops.aten
+from dtensor_rules.testing.suites import Samples, generator
 
 
-@suite(aten.histc.default)
 def histc_samples() -> Samples:
     g = generator(20)
     expert_ids = torch.randint(0, 8, (7, 2), generator=g).float()  # top-2 expert ids per token
@@ -23,7 +20,6 @@ def histc_samples() -> Samples:
     ]
 
 
-@suite(aten.bincount.default)
 def bincount_samples() -> Samples:
     g = generator(21)
     ids = torch.randint(0, 6, (9,), generator=g)

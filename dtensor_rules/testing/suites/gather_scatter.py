@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from dtensor_rules.ops.gather_scatter import GATHER, SCATTER_ADD, SCATTER_REDUCE, SCATTER_SRC, SCATTER_VALUE
-from dtensor_rules.testing.suites import Samples, generator, suite
+from dtensor_rules.testing.suites import Samples, generator
 
 
 def _index(g: torch.Generator, high: int, *shape: int) -> torch.Tensor:
@@ -19,7 +18,6 @@ def _r(g: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32) -> t
     return torch.randint(-5, 6, shape, generator=g, dtype=dtype)
 
 
-@suite(GATHER[0])
 def gather_samples() -> Samples:
     g = generator(20)
     return [
@@ -31,7 +29,6 @@ def gather_samples() -> Samples:
     ]
 
 
-@suite(SCATTER_ADD[0])
 def scatter_add_samples() -> Samples:
     g = generator(21)
     return [
@@ -43,7 +40,6 @@ def scatter_add_samples() -> Samples:
     ]
 
 
-@suite(SCATTER_SRC[0])
 def scatter_src_samples() -> Samples:
     g = generator(22)
     # unique indices along dim so the written value is well defined
@@ -55,7 +51,6 @@ def scatter_src_samples() -> Samples:
     ]
 
 
-@suite(SCATTER_VALUE[0])
 def scatter_value_samples() -> Samples:
     g = generator(23)
     return [
@@ -65,7 +60,6 @@ def scatter_value_samples() -> Samples:
     ]
 
 
-@suite(SCATTER_REDUCE[0])
 def scatter_reduce_samples() -> Samples:
     g = generator(24)
     out = []

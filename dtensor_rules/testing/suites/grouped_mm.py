@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from dtensor_rules.ops.grouped_mm import GROUPED_MM
-from dtensor_rules.testing.suites import Samples, generator, suite
+from dtensor_rules.testing.suites import Samples, generator
 
 
 def _offs(*ends: int) -> torch.Tensor:
     return torch.tensor(ends, dtype=torch.int32)
 
 
-@suite(GROUPED_MM)
 def grouped_mm_samples() -> Samples:
     g = generator(20)
     r = lambda *s, dtype=torch.float32: torch.randn(*s, generator=g).to(dtype)  # noqa: E731

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from dtensor_rules.testing.suites import Samples, generator, suite
-
-aten = torch.ops.aten
+from dtensor_rules.testing.suites import Samples, generator
 
 
 def _t(*vals: int) -> torch.Tensor:
     return torch.tensor(vals)
 
 
-@suite(aten.index.Tensor)
 def index_samples() -> Samples:
     g = generator(10)
     r = lambda *s, dtype=torch.float32: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
@@ -33,7 +30,6 @@ def index_samples() -> Samples:
     ]
 
 
-@suite(aten.index_put.default)
 def index_put_samples() -> Samples:
     g = generator(11)
     r = lambda *s, dtype=torch.float32: torch.randn(*s, generator=g).to(dtype)  # noqa: E731

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from dtensor_rules.ops.fma import fma
-from dtensor_rules.ops.softmax import SOFTMAX_BACKWARD
-from dtensor_rules.testing.suites import Samples, generator, suite
+from dtensor_rules.testing.suites import Samples, generator
 
 
-@suite(fma)
 def fma_samples() -> Samples:
     g = generator(0)
     r = lambda *s, dtype=torch.float32: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
@@ -21,7 +18,6 @@ def fma_samples() -> Samples:
     ]
 
 
-@suite(SOFTMAX_BACKWARD[0])
 def softmax_backward_samples() -> Samples:
     g = generator(1)
     out = []
@@ -32,7 +28,6 @@ def softmax_backward_samples() -> Samples:
     return out
 
 
-@suite(torch.ops.aten.detach.default, torch.ops.aten.alias.default)
 def identity_samples() -> Samples:
     g = generator(2)
     return [

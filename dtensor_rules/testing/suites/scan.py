@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from dtensor_rules.testing.suites import Samples, generator, suite
-
-aten = torch.ops.aten
+from dtensor_rules.testing.suites import Samples, generator
 
 
-@suite(aten.cumsum.default)
 def cumsum_samples() -> Samples:
     g = generator(10)
     counts = torch.randint(0, 9, (8,), generator=g)  # tokens per expert -> offsets
@@ -24,7 +21,6 @@ def cumsum_samples() -> Samples:
     ]
 
 
-@suite(aten.cumsum_.default)
 def cumsum_inplace_samples() -> Samples:
     g = generator(11)
     return [

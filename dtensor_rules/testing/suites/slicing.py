@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from dtensor_rules.ops.slicing import CAT, SLICE_SCATTER
-from dtensor_rules.testing.suites import Samples, generator, suite
+from dtensor_rules.testing.suites import Samples, generator
 
 
 def _rand(seed: int):  # noqa: ANN202 - tiny local factory
@@ -20,7 +19,6 @@ def _rand(seed: int):  # noqa: ANN202 - tiny local factory
     return r
 
 
-@suite(CAT[0])
 def cat_samples() -> Samples:
     r = _rand(10)
     return [
@@ -33,7 +31,6 @@ def cat_samples() -> Samples:
     ]
 
 
-@suite(SLICE_SCATTER[0])
 def slice_scatter_samples() -> Samples:
     r = _rand(11)
     return [

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dtensor_rules.testing.suites import Samples, generator, suite
-
-aten = torch.ops.aten
+from dtensor_rules.testing.suites import Samples, generator
 
 
 def _inputs(seed: int) -> dict[str, torch.Tensor]:
@@ -20,7 +18,6 @@ def _inputs(seed: int) -> dict[str, torch.Tensor]:
     }
 
 
-@suite(aten.sort.default)
 def sort_samples() -> Samples:
     x = _inputs(0)
     return [
@@ -32,7 +29,6 @@ def sort_samples() -> Samples:
     ]
 
 
-@suite(aten.sort.stable)
 def sort_stable_samples() -> Samples:
     x = _inputs(1)
     return [
@@ -43,13 +39,11 @@ def sort_stable_samples() -> Samples:
     ]
 
 
-@suite(aten.argsort.default)
 def argsort_samples() -> Samples:
     x = _inputs(2)
     return [((x["router"], 0), {}), ((x["i64"],), {"descending": True}), ((x["f32"], 1), {})]
 
 
-@suite(aten.argsort.stable)
 def argsort_stable_samples() -> Samples:
     x = _inputs(3)
     return [
@@ -59,7 +53,6 @@ def argsort_stable_samples() -> Samples:
     ]
 
 
-@suite(aten.topk.default)
 def topk_samples() -> Samples:
     x = _inputs(4)
     return [
