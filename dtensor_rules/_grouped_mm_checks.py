@@ -1,6 +1,9 @@
 """What the ``_grouped_mm`` kernels accept, as plain predicates shared by the rule, its
 DTensor handler, its meta fallback and its cost formula.
 
+It lives outside ``dtensor_rules.ops`` because the cost formula (``costs.formulas.matmul``) uses
+it and costs must not import the op modules (``tests/test_import_graph.py``).
+
 Every predicate is safe on symbolic sizes: a condition that cannot be decided without guarding
 on a data-dependent (unbacked) size counts as *not* accepted (``guard_or_false``), so callers
 fall back to the safe choice (drop a strategy, copy an operand) instead of guarding.
