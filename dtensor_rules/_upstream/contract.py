@@ -81,6 +81,8 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement("torch.distributed._functional_collectives", "all_to_all_single"),
     Requirement("torch.distributed._functional_collectives", "reduce_scatter_single"),
     Requirement("torch.distributed._functional_collectives", "all_reduce"),
+    Requirement("torch.distributed._functional_collectives", "all_to_all_single_autograd", why="models.ep_local"),
+    Requirement("torch.distributed._functional_collectives", "wait_tensor", why="models.ep_local"),
     Requirement("torch.distributed.checkpoint.planner_helpers", "_create_write_items_for_dtensor", why="shard-order DCP fix"),
     Requirement("torch.distributed.checkpoint.planner_helpers", "_create_chunk_from_dtensor", why="shard-order DCP fix"),
     Requirement("torch.distributed.checkpoint.metadata", "ChunkStorageMetadata", params=("offsets", "sizes")),

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed import _functional_collectives as funcol
+from dtensor_rules._upstream import funcol
 
 from dtensor_rules.kernels import moe_permute_indices, permuted_length_bound
 
