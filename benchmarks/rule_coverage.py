@@ -11,7 +11,8 @@ labelled with the running torch version.
         # dtensor_rules/_upstream/measured_<major>_<minor>.json, the data install() decides from
     python benchmarks/rule_coverage.py --side-by-side  # both checked-in measured files, one table
 
-Exit status 1 if ours is incorrect anywhere or has fewer correct layouts than upstream on an op.
+Exit status 1 if ours is incorrect anywhere, or has fewer correct layouts than an upstream rule
+that is never incorrect on an op (correctness first, as install() decides).
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def print_tables(doc: dict[str, Any]) -> int:
                 side = r[name] or {"correct": 0, "incorrect": 0, "missing": r["valid"]}
                 tot[name] = [a + side[k] for a, k in zip(tot[name], ("correct", "incorrect", "missing"))]
             tot["valid"] += r["valid"]
-            up = r["upstream"] or {"correct": 0}
-            if r["ours"]["incorrect"] or r["ours"]["correct"] < up["correct"]:
+            up = r["upstream"] or {"correct": 0, "incorrect": 0}
+            if r["ours"]["incorrect"] or (r["ours"]["correct"] < up["correct"] and not up["incorrect"]):
                 worst = 1
         o, u = tot["ours"], tot["upstream"]
         print(f"| {'TOTAL':40s} | {o[0]:>5d} {o[1]:>4d} {o[2]:>4d}  | {u[0]:>9d} {u[1]:>4d} {u[2]:>4d}  | {tot['valid']:5d} |")

@@ -55,9 +55,10 @@ def _close(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor) -> None:
         assert torch.equal(got, want), (got, want)
         return
     eps = torch.finfo(want.dtype).eps
-    tol = 8 * eps * scale.double() + 8 * eps * want.double().abs() + 1e-6
-    err = (got.double() - want.double()).abs()
-    assert bool((err <= tol).all()), (got, want, err.max())
+    tol = 64 * eps * scale.double() + 8 * eps * want.double().abs() + 1e-6
+    g, w = got.double(), want.double()
+    ok = (g == w) | ((g - w).abs() <= tol) | (g.isnan() & w.isnan())  # equal infinities count as equal
+    assert bool(ok.all()), (got, want)
 
 
 # ---------------------------------------------------------------------------------- the predicate itself
@@ -160,7 +161,10 @@ def test_softmax_backward_partial_grad_with_cancelling_parts(dtype, op, data) ->
     parts = _parts(data.draw, dtype, (3, 5))
     want = sbd(_reduce(parts, op), y, 1, dtype)
     locals_ = [sbd(p, y, 1, dtype) for p in parts]
-    _close(_reduce(locals_, op), want, sum(x.abs() for x in locals_))
+    # rounding scale: y * (|g| + the row sum of |g * y|), per part (a local output can be small while its row sum is not)
+    yf = y.float().abs()
+    scale = sum(yf * (p.float().abs() + (p.float().abs() * yf).sum(1, keepdim=True)) for p in parts)
+    _close(_reduce(locals_, op), want, scale.to(dtype))
 
 
 # ---------------------------------------------------------------------------------- grouped mm out_dtype

@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from dtensor_rules._upstream import ShardingPlaceholder
+from dtensor_rules._upstream import ShardingPlaceholder, TORCH_VERSION
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
 import dtensor_rules  # noqa: F401  (installs the rules)
@@ -53,8 +53,13 @@ def test_cumsum_every_strategy_correct(mesh, x, data) -> None:
 def test_suite_no_incorrect_and_at_least_upstream(op, mesh) -> None:
     report = check_samples(op, samples_for(op), mesh)
     assert report.ours.incorrect == 0, report.summary()
-    assert report.ours.correct >= report.upstream.correct, report.summary()
-    assert report.ours.correct > report.upstream.correct  # the Partial strategies upstream lacks
+    if TORCH_VERSION < (2, 14):
+        assert report.ours.correct > report.upstream.correct, report.summary()  # the Partial strategies upstream lacks
+    else:
+        # torch 2.14's cumsum rule passes Partial through every dtype= cast: on these benign samples
+        # that counts as more "correct" combos, but it is wrong elsewhere (its incorrect combos here,
+        # and test_dtensor_cumsum_every_cast_pair): ours keeps only the casts a Partial survives
+        assert report.ours.correct > report.upstream.correct or report.upstream.incorrect > 0, report.summary()
 
 
 def test_negative_dim_is_never_sharded() -> None:
@@ -62,7 +67,10 @@ def test_negative_dim_is_never_sharded() -> None:
     x = torch.randn(4, 6)
     report = check_rule(aten.cumsum.default, (x, -1), {}, (2,))
     assert report.ours.incorrect == 0 and report.ours.missing == 0, report.summary()
-    assert "(S(1)) -> (S(1))" in report.upstream.incorrect_combos, report.summary()
+    if TORCH_VERSION < (2, 14):  # torch 2.14 normalizes the dim (its single-dim cumsum rule)
+        assert "(S(1)) -> (S(1))" in report.upstream.incorrect_combos, report.summary()
+    else:
+        assert report.upstream.incorrect == 0, report.summary()
 
 
 def test_flip_rule_used_by_cumsum_backward_is_correct() -> None:

@@ -41,7 +41,25 @@ def expand_to_mesh(
     """
     if strategy_filter is not None:
         kwargs[FILTER_KWARG] = strategy_filter
-    return _ops_utils.expand_to_full_mesh_op_strategy(mesh, op_schema, list(rows), **kwargs)
+    with _empty_when_nothing_fits():
+        return _ops_utils.expand_to_full_mesh_op_strategy(mesh, op_schema, list(rows), **kwargs)
+    return OpStrategy([])
+
+
+# torch 2.13 returns an empty OpStrategy when every full-mesh strategy is filtered out (e.g. none
+# puts the output where an out= tensor is); 2.14 raises this instead. Callers here (the validator,
+# our dispatch handlers with their own clearer error) expect 2.13's empty result on both.
+_NOTHING_FITS = "no valid sharding strategy for the input placements"
+
+
+class _empty_when_nothing_fits:  # noqa: N801 - a context manager
+    """Swallow 2.14's "no valid sharding strategy" RuntimeError; the caller returns an empty strategy."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type | None, err: BaseException | None, tb: object) -> bool:
+        return kind is RuntimeError and _NOTHING_FITS in str(err)
 
 
 def select_min_cost_strategy(strategy: OpStrategy, op_schema: OpSchema | None = None) -> OpSpec:
@@ -64,7 +82,14 @@ def expand_single_dim_rule(
     Returns ``fn(op, args_meta, kwargs_meta) -> OpStrategy``, placeholders filled with the shard
     types the inputs use, exactly as DTensor's propagator does it for a cache miss.
     """
-    return _single_dim._expand_single_dim_strategy_to_mesh(mesh, op_schema, info, output_tensor_meta)
+    expand = _single_dim._expand_single_dim_strategy_to_mesh(mesh, op_schema, info, output_tensor_meta)
+
+    def expanded(op: Any, args_meta: Any, kwargs_meta: Any) -> Any:
+        with _empty_when_nothing_fits():
+            return expand(op, args_meta, kwargs_meta)
+        return OpStrategy([])
+
+    return expanded
 
 
 @contextlib.contextmanager

@@ -12,8 +12,8 @@ mat_a          mat_b           split dim       out           flops
 (G, M, K)      (G, K, N)       none (bmm)      (G, M, N)     2 * G * M * K * N
 =============  ==============  ==============  ============  ===================================
 
-``bias`` adds one flop per output element. Bytes: the operand elements that take part
-(rows/cols of empty groups and past ``offs[-1]`` are not read) plus ``offs``/``bias``,
+Bytes: the operand elements that take part
+(rows/cols of empty groups and past ``offs[-1]`` are not read) plus ``offs``,
 and the output elements produced, in ``out_dtype`` (default: mat_a's dtype).
 When ``offs`` is fake/meta its values are unknown: groups are assumed balanced and to
 cover the whole split dim (``exact=False``).
@@ -90,10 +90,6 @@ def grouped_mm_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
         read, written = nbytes(a) + nbytes(m2), G * M * N * io
     else:
         raise CostError(f"_grouped_mm takes 2-d or 3-d inputs, got {mode[0]}-d and {mode[1]}-d")
-    out_elems = written // io
-    if bias is not None:
-        flops += out_elems
-        read += nbytes(bias)
     if offs is not None:
         read += nbytes(offs)
     note = "" if exact else "offs values unknown (fake/meta): balanced groups covering the split dim assumed"

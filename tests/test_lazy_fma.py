@@ -1,0 +1,43 @@
+"""``import dtensor_rules`` does not import inductor; prims.fma's rule and cost formula arrive when
+inductor defines the op (installed if our rules are), and uninstall gives upstream's rule back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CODE = textwrap.dedent(
+    """
+    import sys
+    import dtensor_rules
+    from dtensor_rules import registry
+    heavy = [m for m in sys.modules if m.startswith(("torch._inductor.inductor_prims", "torch._inductor.graph",
+                                                   "torch._dynamo.convert_frame", "torch.distributed.tensor.debug"))]
+    assert not heavy, heavy
+    import torch
+    import torch._inductor.inductor_prims  # defines prims.fma: upstream registers its rule, then ours is installed
+    fma = torch.ops.prims.fma.default
+    assert dtensor_rules.status()[fma] == {"has": "both", "active": "ours"}, dtensor_rules.status()[fma]
+    from dtensor_rules.costs import estimate
+    a = torch.randn(3, 4)
+    assert estimate(fma, a, a, a).flops == 24
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as c:
+        fma(a, a, a)
+    assert c.get_total_flops() == 24
+    dtensor_rules.uninstall()
+    assert dtensor_rules.status()[fma]["active"] == "upstream"
+    print("OK")
+    """
+)
+
+
+def test_fma_rule_arrives_with_inductor_and_not_before() -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
