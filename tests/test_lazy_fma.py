@@ -22,7 +22,8 @@ CODE = textwrap.dedent(
     import torch
     import torch._inductor.inductor_prims  # defines prims.fma: upstream registers its rule, then ours is installed
     fma = torch.ops.prims.fma.default
-    assert dtensor_rules.status()[fma] == {"has": "both", "active": "ours"}, dtensor_rules.status()[fma]
+    st = dtensor_rules.status()[fma]
+    assert (st["has"], st["active"]) == ("both", "ours") and st["why"].startswith("ours:"), st
     from dtensor_rules.costs import estimate
     a = torch.randn(3, 4)
     assert estimate(fma, a, a, a).flops == 24
