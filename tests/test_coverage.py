@@ -130,7 +130,7 @@ aten.sigmoid_backward.default  1  upstream
 aten.silu.default  2  upstream
 aten.silu_backward.default  2  upstream
 aten.slice.Tensor  2  upstream
-aten.sort.stable  1  ours
+aten.sort.stable  1  upstream
 aten.squeeze.dim  1  upstream
 aten.sub.Tensor  1  upstream
 aten.sum.dim_IntList  3  upstream

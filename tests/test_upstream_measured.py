@@ -16,6 +16,7 @@ import dtensor_rules
 from dtensor_rules import registry
 from dtensor_rules._upstream import TESTED_TORCH, TORCH_VERSION
 from dtensor_rules._upstream.measured import decide, load, verdict
+from dtensor_rules.ops.fma import fma  # defines prims.fma (lazily registered rule)
 from dtensor_rules.testing import measure
 
 aten = torch.ops.aten
@@ -75,6 +76,8 @@ def test_every_op_both_sides_rule_is_measured_and_install_follows_it():
     """status() on the running torch: where both have a rule, the active one is the measured verdict."""
     doc = load()
     assert doc is not None
+    dtensor_rules.uninstall()  # a fresh default install (other tests in this process may have used other policies)
+    dtensor_rules.install()
     both = {op: s for op, s in dtensor_rules.status().items() if s["has"] == "both"}
     assert both
     unmeasured = {op for op in both if str(op) not in doc["ops"]}
@@ -106,7 +109,7 @@ def test_override_and_fill_report_why():
 
 # a cheap slice of the measured file, regenerated now on mesh 2: fma (pointwise, both sides
 # single-dim), detach (+ the shard-order probe), softmax backward (op-strategy on 2.13)
-REMEASURED = (torch.ops.prims.fma.default, aten.detach.default, aten._softmax_backward_data.default)
+REMEASURED = (fma, aten.detach.default, aten._softmax_backward_data.default)
 
 
 @pytest.mark.parametrize("op", REMEASURED, ids=str)
