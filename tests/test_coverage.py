@@ -102,6 +102,9 @@ class TestMoEBlockGolden(TestCase):
 traced: the demo's MoE block (dim 32, hidden 64, 4 experts top-2, 1 shared, permute_impl='kernel'), bf16, tokens 66x32, forward+backward""")
         report = coverage(*moe_example(), mesh_shape=(2, 2))
         rows = "\n".join(f"{r.name}  {r.calls}  {r.rule}" for r in report.rows)
+        if TORCH_VERSION >= (2, 14):  # 2.14's autograd saves the router's detached scores as alias, 2.13 as detach
+            self.assertIn("aten.alias.default  2  ours", rows)
+            rows = "\n".join(sorted(rows.replace("aten.alias.default  2  ours", "aten.detach.default  2  ours").split("\n")))
         self.assertExpectedInline(rows, """\
 aten._grouped_mm.default  9  ours
 aten._to_copy.default  9  upstream
