@@ -43,12 +43,11 @@ import functools
 from typing import NamedTuple
 
 import torch
-from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
 from dtensor_rules.models.ep_local import ep_routed_experts
-from dtensor_rules.models.moe import MoE
+from dtensor_rules.models.moe import MoE, distribute_params
 
 __all__ = ["EPMesh", "expert_parallel", "routed_experts_ep", "token_placements", "expert_param_bytes"]
 
@@ -140,13 +139,7 @@ def expert_parallel(module: MoE, mesh: DeviceMesh, ep_dim: str = "ep", tp_dim: s
         "shared_w3": _placements(ep, R, Shard(0)),
         "shared_w2": _placements(ep, R, Shard(1)),
     }
-    for name, placements in plan.items():
-        p = getattr(module, name)
-        if p is None:
-            continue
-        setattr(module, name, nn.Parameter(distribute_tensor(p.detach(), mesh, placements), p.requires_grad))
-    if module.expert_bias is not None:
-        module.expert_bias = distribute_tensor(module.expert_bias, mesh, _placements(ep, R, R))
+    distribute_params(module, mesh, plan, _placements(ep, R, R))
     module.routed_region = functools.partial(_region, ep=ep)
     return module
 

@@ -234,7 +234,7 @@ def shard_moe(module: MoE, mesh: torch.distributed.device_mesh.DeviceMesh) -> Mo
 
     Tokens are data-parallel: shard the input with ``Shard(0)`` over "ep" (``Replicate`` over "tp").
     """
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor import Replicate, Shard
 
     if mesh.ndim != 2:
         raise ValueError(f"shard_moe needs a 2-D ('ep', 'tp') mesh, got a {mesh.ndim}-D mesh")
@@ -251,11 +251,20 @@ def shard_moe(module: MoE, mesh: torch.distributed.device_mesh.DeviceMesh) -> Mo
         "shared_w3": (R, Shard(0)),
         "shared_w2": (R, Shard(1)),
     }
+    return distribute_params(module, mesh, plan, (R, R))
+
+
+def distribute_params(module: MoE, mesh: torch.distributed.device_mesh.DeviceMesh,
+                      plan: dict[str, tuple], bias_placements: tuple) -> MoE:
+    """Replace each parameter named in ``plan`` by a DTensor laid out as planned (in place); the
+    routing bias (a buffer, not trained) gets ``bias_placements``."""
+    from torch.distributed.tensor import distribute_tensor
+
     for name, placements in plan.items():
         p = getattr(module, name)
         if p is None:
             continue
         setattr(module, name, nn.Parameter(distribute_tensor(p.detach(), mesh, placements), p.requires_grad))
     if module.expert_bias is not None:
-        module.expert_bias = distribute_tensor(module.expert_bias, mesh, (R, R))
+        module.expert_bias = distribute_tensor(module.expert_bias, mesh, bias_placements)
     return module
