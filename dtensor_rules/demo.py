@@ -264,7 +264,8 @@ def flop_rows(model: torch.nn.Module, x: torch.Tensor, cot: torch.Tensor) -> lis
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import FlopCounterMode
 
-    from dtensor_rules.costs import estimate_call, register_flop_formulas, runtime, unregister_flop_formulas
+    from dtensor_rules.costs import estimate_call, runtime
+    from dtensor_rules.costs.flop_counter import torch_flop_formulas_only
 
     calls: list[tuple] = []
 
@@ -283,11 +284,8 @@ def flop_rows(model: torch.nn.Module, x: torch.Tensor, cot: torch.Tensor) -> lis
             run()
         return {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}
 
-    unregister_flop_formulas()
-    try:
+    with torch_flop_formulas_only():
         torch_only = counted()
-    finally:
-        register_flop_formulas()
     ours = counted()
     with Record():
         run()

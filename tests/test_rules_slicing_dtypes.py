@@ -10,7 +10,7 @@ part), fp16 parts whose fp16 sum overflows.
 from __future__ import annotations
 
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
@@ -77,6 +77,16 @@ def _layout(draw, dtype: torch.dtype) -> str | None:  # noqa: ANN001
     return draw(st.sampled_from(ops))
 
 
+def _avg_in_range(ps: list[torch.Tensor], reduce_op: str | None) -> bool:
+    """Partial(avg) parts whose sum cannot overflow: DTensor reduces avg by summing then dividing on
+    some paths and dividing first on others, so near the top of a float's range (fp16 60000 + 60000)
+    the two reductions differ by inf. That is DTensor's reduction, not a layout the rule chose."""
+    if reduce_op != "avg":
+        return True
+    limit = torch.finfo(ps[0].dtype).max / len(ps)
+    return all(bool(torch.isfinite(p).all()) and float(p.abs().max()) < limit for p in ps)
+
+
 def _same(got: torch.Tensor, want: torch.Tensor, avg: bool) -> None:
     assert got.dtype == want.dtype, (got.dtype, want.dtype)
     if avg:
@@ -94,6 +104,7 @@ def test_slice_scatter_partial_src_of_another_dtype(data) -> None:  # noqa: ANN0
     self_op, src_op = _layout(data.draw, self_dtype), _layout(data.draw, src_dtype)
     self_parts = data.draw(parts(self_dtype, (2, 4), self_op))
     src_parts = data.draw(parts(src_dtype, (2, 4 if full else 2), src_op))
+    assume(_avg_in_range(self_parts, self_op) and _avg_in_range(src_parts, src_op))
     with simulated_mesh((2,)) as mesh:
         x, src = _dtensor(self_parts, mesh, self_op), _dtensor(src_parts, mesh, src_op)
         want = aten.slice_scatter.default(full_value(x), full_value(src), 1, start, end)

@@ -12,7 +12,9 @@ FlopCounterMode tables.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -22,7 +24,7 @@ from dtensor_rules.costs._util import fits
 from dtensor_rules.costs.op_cost import Formula
 from dtensor_rules.costs.rule_source import rule_formulas
 
-__all__ = ["register_flop_formulas", "unregister_flop_formulas", "registered_flop_formulas"]
+__all__ = ["register_flop_formulas", "unregister_flop_formulas", "registered_flop_formulas", "torch_flop_formulas_only"]
 
 aten = torch.ops.aten
 _DATA_MOVEMENT = {aten.cat, aten.gather, aten.index, aten.slice_scatter, aten.scatter, aten.scatter_}
@@ -78,3 +80,20 @@ def unregister_flop_formulas() -> None:
         if fc.flop_registry.get(packet) is fn:
             del fc.flop_registry[packet]
         del _ours[packet]
+
+
+@contextlib.contextmanager
+def torch_flop_formulas_only() -> Iterator[None]:
+    """Inside: FlopCounterMode counts with torch's formulas alone; on exit exactly the entries of
+    ours that were registered before come back (the same function objects, a user rule's too)."""
+    from torch.utils import flop_counter as fc
+
+    saved = {p: fn for p, fn in _ours.items() if fc.flop_registry.get(p) is fn}
+    unregister_flop_formulas()
+    try:
+        yield
+    finally:
+        for packet, fn in saved.items():
+            if packet not in fc.flop_registry:
+                fc.flop_registry[packet] = fn
+                _ours[packet] = fn
