@@ -13,7 +13,7 @@ reaches this code after its first (cache-filling) call, so it stays on DTensor's
 
 2. ``op(..., out=o)`` where no strategy of our rule produces ``o``'s layout (``cumsum(x, d, out=o)``
    with ``o`` sharded on the scan dim: a carry across ranks): upstream's selection fails with
-   "min() arg is an empty sequence". The hook re-raises a RuntimeError naming the out= layout,
+   "min() arg is an empty sequence" (2.13) or "no valid sharding strategy" (2.14). The hook re-raises a RuntimeError naming the out= layout,
    the layouts our rule can produce per mesh dim, and the fix.
 """
 
@@ -87,7 +87,10 @@ def _out_layout_error(op_call: Any, args: tuple[Any, ...], kwargs: dict[str, Any
     outs = {a.name for a in op_call._schema.arguments if a.is_out}
     out = [v for k, v in kwargs.items() if k in outs and isinstance(v, DTensor)]
     cause = err.__cause__ or err
-    if not out or not isinstance(cause, ValueError) or "empty sequence" not in str(cause) or op_call not in registry.rules():
+    # torch 2.13: min() over no strategies ("empty sequence"); torch 2.14 says "no valid sharding strategy"
+    nothing_fits = (isinstance(cause, ValueError) and "empty sequence" in str(cause)) or any(
+        "no valid sharding strategy" in str(e) for e in (err, cause))
+    if not out or not nothing_fits or op_call not in registry.rules():
         return None
     rule = registry.rules()[op_call]
     offered = "R"
