@@ -27,30 +27,11 @@ from __future__ import annotations
 
 import torch
 
-from dtensor_rules.ops._partial import ALL_REDUCE_OPS, partial_ops
+from dtensor_rules.ops._partial import ALL_REDUCE_OPS, monotone_cast, partial_ops, partial_survives_cast
 
-
-def _int_range_contains(dst: torch.dtype, src: torch.dtype) -> bool:
-    a, b = torch.iinfo(src), torch.iinfo(dst)
-    return b.min <= a.min and a.max <= b.max
-
-
-def monotone_cast(src: torch.dtype, dst: torch.dtype) -> bool:
-    """True if casting ``src`` values to ``dst`` never reverses their order."""
-    if src == dst:
-        return True
-    if src.is_complex or dst.is_complex or torch.bool in (src, dst):
-        return False
-    if dst.is_floating_point:
-        return True  # float or int source: rounding to nearest is monotone, overflow goes to +-inf
-    if src.is_floating_point:
-        return False  # float -> int: out-of-range values are undefined
-    return _int_range_contains(dst, src)
+__all__ = ["cast_partial_ops", "monotone_cast"]
 
 
 def cast_partial_ops(src: torch.dtype, dst: torch.dtype, ops: tuple[str, ...] = ALL_REDUCE_OPS) -> tuple[str, ...]:
     """The reduce ops in ``ops`` for which a Partial ``src`` input gives a Partial ``dst`` result."""
-    allowed = partial_ops([src, dst], ops)
-    if src == dst:
-        return allowed
-    return tuple(o for o in allowed if o in ("max", "min") and monotone_cast(src, dst))
+    return tuple(o for o in partial_ops([src, dst], ops) if partial_survives_cast(o, src, dst))

@@ -45,6 +45,19 @@ def _range_contains(dst: torch.dtype, src: torch.dtype) -> bool:
     return d.min <= s.min and d.max >= s.max
 
 
+def monotone_cast(src: torch.dtype, dst: torch.dtype) -> bool:
+    """True if casting ``src`` values to ``dst`` never reverses their order."""
+    if src == dst:
+        return True
+    if src.is_complex or dst.is_complex or torch.bool in (src, dst):
+        return False
+    if dst.is_floating_point:
+        return True  # float or int source: rounding to nearest is monotone, overflow goes to +-inf
+    if src.is_floating_point:
+        return False  # float -> int: out-of-range values are undefined
+    return _range_contains(dst, src)
+
+
 def partial_survives_cast(reduce_op: str, src_dtype: torch.dtype, dst_dtype: torch.dtype) -> bool:
     """Is ``cast(reduce(parts)) == reduce(cast(parts))`` for EVERY input, i.e. may a
     ``Partial(reduce_op)`` operand of ``src_dtype`` become a ``Partial(reduce_op)`` result in
@@ -67,11 +80,7 @@ def partial_survives_cast(reduce_op: str, src_dtype: torch.dtype, dst_dtype: tor
         return True
     if reduce_op in ("sum", "avg"):
         return False
-    if src_dtype.is_complex or dst_dtype.is_complex:
-        return False
-    if not src_dtype.is_floating_point:
-        return dst_dtype.is_floating_point or _range_contains(dst_dtype, src_dtype)
-    return dst_dtype.is_floating_point
+    return monotone_cast(src_dtype, dst_dtype)
 
 
 @maybe_run_for_local_tensor

@@ -16,7 +16,7 @@ R                          R, R, R                         implied
 =========================  ==============================  ===========================================
 
 Dtypes. A Partial operand must survive the cast to the output dtype
-(:func:`~dtensor_rules.ops._partial_cast.partial_survives_cast`): for sum/avg only when it already
+(:func:`~dtensor_rules.ops._partial.partial_survives_cast`): for sum/avg only when it already
 has the output dtype (int8 parts promoted to int64 would not wrap the way their int8 sum does;
 float16 parts promoted to float32 would not overflow the way their float16 sum does). avg needs a
 floating output; max/min need a floating output (an integer ``a*b + c_i`` can wrap, which is not
@@ -46,8 +46,7 @@ from dtensor_rules._upstream import ensure_prims_fma, on_prims_fma_defined
 from dtensor_rules.costs.formulas.pointwise import fma_cost
 from dtensor_rules.ops._common import PlacementOrHole, broadcast_shape, metas, shard_through_broadcast
 from dtensor_rules.ops._compact_dispatch import compact_dispatch, compact_rows
-from dtensor_rules.ops._partial import partial_ops
-from dtensor_rules.ops._partial_cast import partial_survives_cast
+from dtensor_rules.ops._partial import partial_ops, partial_survives_cast
 from dtensor_rules.testing.suites.pointwise import fma_samples
 
 

@@ -17,7 +17,7 @@ P(max)/P(min) (not linear-monotone).
 
 Dtypes: the Partial rows need the result in g's own dtype (``input_dtype == g.dtype``): a kernel
 that writes ``grad_input`` in another dtype (CUDA's half-to-float path) would round each rank's
-part before the sum (:func:`~dtensor_rules.ops._partial_cast.partial_survives_cast`).
+part before the sum (:func:`~dtensor_rules.ops._partial.partial_survives_cast`).
 
 Dispatch uses a compact strategy set (:mod:`dtensor_rules.ops._compact_dispatch`); solver and
 validator queries see every row above.
@@ -35,7 +35,7 @@ from dtensor_rules.costs.formulas.pointwise import softmax_backward_cost
 from dtensor_rules.ops._gaps import ALIASED_SAMPLES
 from dtensor_rules.ops._common import PlacementOrHole, metas, normalize_dim
 from dtensor_rules.ops._compact_dispatch import compact_dispatch, compact_rows
-from dtensor_rules.ops._partial_cast import partial_survives_cast
+from dtensor_rules.ops._partial import partial_survives_cast
 from dtensor_rules.registry import register
 from dtensor_rules.testing.suites.pointwise import softmax_backward_samples
 
