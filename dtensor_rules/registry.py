@@ -11,9 +11,10 @@ Two kinds of strategy function are supported, mirroring upstream:
 
 ``kind="single_dim"``
     ``fn(op, args_meta, kwargs_meta) -> list[list[Placement | ShardingPlaceholder]]``,
-    each inner list ``[*output_placements, *input_placements]`` for ONE mesh dim;
-    upstream's infrastructure expands it to the full mesh and fills tensor_meta and
-    redistribute costs. The all-Replicate strategy is implied.
+    each inner list ``[*output_placements, *input_placements]`` for ONE mesh dim; the
+    all-Replicate strategy is implied. Installed as an ``op_strategy`` through
+    :mod:`dtensor_rules.compact`: dispatch prices at most two products of rows, other queries
+    get upstream's expansion of every row over every mesh dim (docs/compact_dispatch.md).
 ``kind="op_strategy"``
     ``fn(op_schema) -> OpStrategy | TupleStrategy`` for rules that need the mesh.
 
@@ -54,7 +55,6 @@ from dtensor_rules._upstream import (
     OpStrategy,
     RuntimeSchemaInfo,
     ShardingPlaceholder,
-    SingleDimStrategyInfo,
     TupleStrategy,
     clear_sharding_caches,
     measured_verdict,
@@ -63,6 +63,7 @@ from dtensor_rules._upstream import (
     registry,
 )
 from dtensor_rules._metas import metas as tensor_metas
+from dtensor_rules.compact.single_dim import single_dim_op_strategy
 from dtensor_rules.costs.op_cost import Formula
 from dtensor_rules.costs.rule_source import use_rules
 from dtensor_rules.costs.user_formula import from_flops_bytes
@@ -411,7 +412,14 @@ def _checked_single_dim(rule: Rule) -> Callable[..., Any]:
 
 
 def _checked_op_strategy(rule: Rule) -> Callable[..., Any]:
+    """The op strategy DTensor calls for ``rule``: a single-dim rule through
+    :func:`~dtensor_rules.compact.single_dim.single_dim_op_strategy` (its checked rows function
+    is the ``single_dim_rows`` attribute); output checked, a malformed one raises RuleError."""
     fn = rule.strategy
+    rows = None
+    if rule.kind == "single_dim":
+        rows = _checked_single_dim(rule)
+        fn = single_dim_op_strategy(rule.op, rows, allow_uneven_sharding=rule.allow_uneven_sharding)
 
     def checked(op_schema: OpSchema) -> Any:
         result = fn(op_schema)
@@ -436,7 +444,8 @@ def _checked_op_strategy(rule: Rule) -> Callable[..., Any]:
                     raise RuleError(f"rule for {op_schema.op}: strategy {spec} has no redistribute_cost")
         return result
 
-    checked.__wrapped__ = fn  # type: ignore[attr-defined]
+    checked.__wrapped__ = rule.strategy  # type: ignore[attr-defined]
+    checked.single_dim_rows = rows  # type: ignore[attr-defined]
     return checked
 
 
@@ -471,15 +480,10 @@ def _install_ops(ops: Sequence[OpOverload], policy: Policy) -> list[OpOverload]:
             done.append(op)  # before mutating, so a failure below is rolled back too
             for name in _ALL_REGISTRIES:
                 getattr(prop, name).pop(op, None)
-            if rule.kind == "single_dim":
-                prop.op_single_dim_strategy_funcs[op] = SingleDimStrategyInfo(
-                    func=_checked_single_dim(rule),
-                    allow_uneven_sharding=rule.allow_uneven_sharding,
-                )
-                prop.op_to_schema_info_for_single_dim_strategy[op] = rule.schema_info
-            else:
-                prop.op_strategy_funcs[op] = _checked_op_strategy(rule)
-                prop.op_to_schema_info[op] = rule.schema_info
+            # a single-dim rule goes in as an op_strategy: compact at dispatch, upstream's own
+            # expansion of the same rows for every other query (dtensor_rules.compact.single_dim)
+            prop.op_strategy_funcs[op] = _checked_op_strategy(rule)
+            prop.op_to_schema_info[op] = rule.schema_info
             if rule.handler is not None:
                 _registry(_HANDLERS)[op] = rule.handler
         _sync_meta_wrapper()

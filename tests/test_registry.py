@@ -47,8 +47,10 @@ def restore_install():
 def test_import_installs_our_rules():
     prop = DTensor._op_dispatcher.sharding_propagator
     assert set(registry.active_ops()) >= {FMA, SBD, SBD_OUT}
-    assert prop.op_single_dim_strategy_funcs[FMA].func.__wrapped__ is registry.get_rule(FMA).strategy
-    assert SBD not in prop.op_strategy_funcs  # upstream's rule is out of the way
+    # single-dim rules go in as op strategies (compact at dispatch, dtensor_rules.compact)
+    assert prop.op_strategy_funcs[FMA].__wrapped__ is registry.get_rule(FMA).strategy
+    assert prop.op_strategy_funcs[SBD].__wrapped__ is registry.get_rule(SBD).strategy
+    assert SBD not in prop.op_single_dim_strategy_funcs and FMA not in prop.op_single_dim_strategy_funcs  # upstream's are out of the way
 
 
 def test_uninstall_restores_registries_exactly(restore_install):
@@ -172,7 +174,7 @@ def test_replace_swaps_the_rule_and_restores(restore_install):
     dtensor_rules.register(FMA, replace=True)(only_replicate)
     try:
         prop = DTensor._op_dispatcher.sharding_propagator
-        assert prop.op_single_dim_strategy_funcs[FMA].func.__wrapped__ is only_replicate
+        assert prop.op_strategy_funcs[FMA].__wrapped__ is only_replicate
     finally:
         registry.register_rule(original, replace=True)
     assert registry.get_rule(FMA).strategy is original.strategy
@@ -250,26 +252,26 @@ def test_malformed_strategy_is_reported_with_the_rule_name(restore_install):
     original = registry.get_rule(FMA)
     dtensor_rules.register(FMA, replace=True)(wrong_width)
     try:
-        info = DTensor._op_dispatcher.sharding_propagator.op_single_dim_strategy_funcs[FMA]
+        info = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs[FMA]
         meta = torch.distributed.tensor._dtensor_spec.TensorMeta(torch.Size([2]), (1,), torch.float32)
         with pytest.raises(RuleError, match=r"rule for prims.fma.default returned strategy .*expected a list of 4"):
-            info.func(FMA, (meta, meta, meta), {})
+            info.single_dim_rows(FMA, (meta, meta, meta), {})
         dtensor_rules.register(FMA, replace=True)(lambda op, a, k: [[Shard(0), Shard(5), Replicate(), Replicate()]])
-        info = DTensor._op_dispatcher.sharding_propagator.op_single_dim_strategy_funcs[FMA]
+        info = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs[FMA]
         with pytest.raises(RuleError, match="shards input 0 on dim 5, but that input has 1 dims"):
-            info.func(FMA, (meta, meta, meta), {})
+            info.single_dim_rows(FMA, (meta, meta, meta), {})
         dtensor_rules.register(FMA, replace=True)(lambda op, a, k: [["S(0)", Replicate(), Replicate(), Replicate()]])
-        info = DTensor._op_dispatcher.sharding_propagator.op_single_dim_strategy_funcs[FMA]
+        info = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs[FMA]
         with pytest.raises(RuleError, match="returned 'S\\(0\\)' .*not a Placement"):
-            info.func(FMA, (meta, meta, meta), {})
+            info.single_dim_rows(FMA, (meta, meta, meta), {})
     finally:
         registry.register_rule(original, replace=True)
 
 
 def test_placeholder_strategies_pass_validation():
-    info = DTensor._op_dispatcher.sharding_propagator.op_single_dim_strategy_funcs[FMA]
+    info = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs[FMA]
     meta = torch.distributed.tensor._dtensor_spec.TensorMeta(torch.Size([2, 3]), (3, 1), torch.float32)
-    rows = info.func(FMA, (meta, meta, meta), {})
+    rows = info.single_dim_rows(FMA, (meta, meta, meta), {})
     assert [ShardingPlaceholder(0).dim] == [rows[0][0].dim]
 
 

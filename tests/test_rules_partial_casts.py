@@ -49,7 +49,7 @@ def _parts(draw: st.DrawFn, dtype: torch.dtype, shape: tuple[int, ...], n: int =
     return [p.to(dtype) for p in first + [last]]
 
 
-def _close(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor) -> None:
+def _close(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor, parts_may_overflow: bool = False) -> None:
     """Exact for integers; for floats, rounding allowed relative to the local outputs' magnitude."""
     if not want.dtype.is_floating_point:
         assert torch.equal(got, want), (got, want)
@@ -58,6 +58,10 @@ def _close(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor) -> None:
     tol = 64 * eps * scale.double() + 8 * eps * want.double().abs() + 1e-6
     g, w = got.double(), want.double()
     ok = (g == w) | ((g - w).abs() <= tol) | (g.isnan() & w.isnan())  # equal infinities count as equal
+    # a part that overflows its own dtype (fp16 parts of 1e3 times 127) is Partial arithmetic itself:
+    # DTensor's mul of a Partial by a replicated tensor does the same; casts are what the rules must guard
+    if parts_may_overflow:
+        ok |= scale.double() > torch.finfo(want.dtype).max
     assert bool(ok.all()), (got, want)
 
 
@@ -128,7 +132,11 @@ def test_every_fma_partial_row_is_valid_for_its_dtypes(da, db, dc, data) -> None
         want = fma(*[v.to(t.dtype) for v, t in zip(values, (a, b, c))])
         locals_ = [fma(*[per_rank[i][r] for i in range(3)]) for r in range(2)]
         got = _reduce(locals_, op)
-        _close(got, want.to(got.dtype), sum(x.abs() for x in locals_) if out_dtype.is_floating_point else got)
+        # rounding is relative to the magnitudes each rank computed with: |a*b| + |c| (not the
+        # local result, which cancels when c's part offsets a*b's)
+        scale = sum(per_rank[0][r].double().abs() * per_rank[1][r].double().abs() + per_rank[2][r].double().abs()
+                    for r in range(2))
+        _close(got, want.to(got.dtype), scale if out_dtype.is_floating_point else got, parts_may_overflow=True)
 
 
 def test_fma_offers_no_partial_sum_through_a_widening_promotion() -> None:

@@ -153,20 +153,18 @@ def test_dtensor_argsort_stable_token_permutation() -> None:
 
 def test_dtensor_argsort_under_inference_mode_uses_the_argsort_rule(monkeypatch) -> None:
     """Under inference mode DTensor dispatches argsort itself (not its sort decomposition)."""
-    import dataclasses
-
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
     prop = DTensor._op_dispatcher.sharding_propagator
-    info = prop.op_single_dim_strategy_funcs[aten.argsort.stable]
+    installed = prop.op_strategy_funcs[aten.argsort.stable]  # our single-dim rule, installed as an op strategy
     calls = []
 
-    def counting(op, args, kwargs):
-        calls.append(op)
-        return info.func(op, args, kwargs)
+    def counting(op_schema):
+        calls.append(op_schema.op)
+        return installed(op_schema)
 
-    monkeypatch.setitem(prop.op_single_dim_strategy_funcs, aten.argsort.stable, dataclasses.replace(info, func=counting))
+    monkeypatch.setitem(prop.op_strategy_funcs, aten.argsort.stable, counting)
     _clear_sharding_prop_cache()
     expert_ids = torch.randint(0, 4, (9, 3), generator=torch.Generator().manual_seed(1))
     with simulated_mesh((2,)) as mesh, torch.inference_mode():

@@ -28,12 +28,6 @@ SBD = SOFTMAX_BACKWARD[0]
 
 @pytest.fixture
 def mesh():  # noqa: ANN201
-    from dtensor_rules import registry
-    from dtensor_rules.ops._compact_dispatch import compact_dispatch
-
-    rule = registry.get_rule(fma)
-    if rule.handler is None:  # a test that re-registers the rule without its handler ran before (same process)
-        registry.register(fma, replace=True, flops=rule.flops, bytes=rule.bytes, handler=compact_dispatch)(rule.strategy)
     torch._dynamo.reset()
     with fake_world(2):
         yield init_device_mesh("cpu", (2,))
@@ -130,12 +124,6 @@ def test_fma_partial_inputs_with_unbacked_sizes(mesh) -> None:  # noqa: ANN001
 @pytest.mark.parametrize("kind", UNBACKED, ids=["backed", "unbacked"])
 def test_fma_needing_redistribution_traces(mesh, kind) -> None:  # noqa: ANN001
     """No zero-cost strategy (a split on rows, b on columns): upstream's expansion of the narrowed rows."""
-    if kind:
-        pytest.xfail(
-            "registry.py registers single-dim rules with SingleDimStrategyInfo(allow_unbacked_sharding=None), so "
-            "upstream's is_tensor_shardable guards on the unbacked size (DDE); passing False there (registry owner) "
-            "makes it drop the strategy instead"
-        )
     a, c = torch.randn(8, 6), torch.randn(8, 6)
     mixed = _compiled(lambda x, y, z: fma(x, y, z), _dt(mesh, a, Shard(0), a[:4]), _dt(mesh, a, Shard(1), a[:, :3]),
                       _dt(mesh, c, Replicate()), unbacked={0: [0], 1: [0], 2: [0]} if kind else None)

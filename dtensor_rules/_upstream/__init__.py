@@ -57,10 +57,8 @@ from dtensor_rules._upstream.registries import (
     propagate,
     propagator,
     registry,
-    set_unbacked_sharding,
     unwrap_cache_miss,
     wrap_cache_miss,
-    run_local_and_wrap,
     unwrap_to_op_info,
 )
 from dtensor_rules._upstream.tensors import (

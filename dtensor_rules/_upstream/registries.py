@@ -80,17 +80,6 @@ def unwrap_cache_miss() -> None:
         delattr(d, SLOW_PATH_ATTR)
 
 
-def set_unbacked_sharding(op: Any, allow: bool | None) -> bool:
-    """Set ``allow_unbacked_sharding`` of ``op``'s installed single-dim rule (False: a dim of unknown
-    size is not sharded anew, an input already sharded on it may stay so; None: upstream's default,
-    a data-dependent guard). Returns whether the op has an installed single-dim rule."""
-    info = propagator().op_single_dim_strategy_funcs.get(op)
-    if info is None:
-        return False
-    info.allow_unbacked_sharding = allow
-    return True
-
-
 def dispatch_with_local_fix(op_call: Any, args: Any, kwargs: Any, fix_local: Any) -> Any:
     """Upstream's Python dispatch path with ``fix_local(tensor)`` applied to every local tensor
     argument after redistribution, right before the local op runs (e.g. re-lay out a shard)."""
@@ -113,22 +102,3 @@ def dispatch_with_local_fix(op_call: Any, args: Any, kwargs: Any, fix_local: Any
 def unwrap_to_op_info(op_call: Any, args: Any, kwargs: Any) -> Any:
     """DTensor's ``OpInfo`` for one call: ``schema`` (specs), ``local_args``/``local_kwargs``, mesh."""
     return dispatcher().unwrap_to_op_info(op_call, args, kwargs)
-
-
-def run_local_and_wrap(op_call: Any, op_info: Any, output_placements: Any) -> Any:
-    """Run ``op_call`` on the local tensors as they are (no redistribution) and wrap the result
-    as a DTensor with ``output_placements`` and the op's global output meta (DTensor's own
-    fake-tensor step, cached outside tracing)."""
-    from torch.utils import _pytree as pytree
-
-    from dtensor_rules._upstream.types import DTensorSpec
-
-    d = dispatcher()
-    meta = d.sharding_propagator._propagate_tensor_meta(op_info.schema)
-    spec = DTensorSpec(op_info.compute_mesh, tuple(output_placements), tensor_meta=meta)
-    local_args = (
-        pytree.tree_unflatten(list(op_info.local_args), op_info.args_tree_spec)
-        if op_info.args_tree_spec
-        else op_info.local_args
-    )
-    return d.wrap(op_call(*local_args, **op_info.local_kwargs), spec)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from dtensor_rules._upstream import maybe_run_for_local_tensor, mesh_coordinate, swap_partial_partition
+from dtensor_rules.compact.greedy import ExactIntegerPartial
 
 ALL_REDUCE_OPS = ("sum", "avg", "max", "min")
 
@@ -100,10 +101,12 @@ def _exact_partition(self: Any, tensor: torch.Tensor, mesh: Any, mesh_dim: int) 
 
 def _apply_exact_partition() -> None:
     _upstream_partition.append(swap_partial_partition(_exact_partition))
+    ExactIntegerPartial.active = True  # dispatch's greedy choice may now move an integer R -> P(sum)
 
 
 def _restore_exact_partition() -> None:
     swap_partial_partition(_upstream_partition.pop())
+    ExactIntegerPartial.active = False
 
 
 def _register() -> None:

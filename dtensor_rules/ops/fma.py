@@ -31,8 +31,8 @@ imported (~2 s), so the rule and its cost formula are registered (and installed,
 are installed) when inductor defines the op, the way upstream registers its own fma rule.
 ``dtensor_rules.ops.fma.fma`` (the op) defines it on first access.
 
-Dispatch uses a compact strategy set (:mod:`dtensor_rules.ops._compact_dispatch`); solver and
-validator queries see every row above.
+Dispatch prices at most two strategies built from these rows (:mod:`dtensor_rules.compact`);
+solver and validator queries see every row over every mesh dim.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ from torch.distributed.tensor.placement_types import Partial, Replicate
 from dtensor_rules._upstream import ensure_prims_fma, on_prims_fma_defined
 from dtensor_rules.costs.formulas.pointwise import fma_cost
 from dtensor_rules.ops._common import PlacementOrHole, broadcast_shape, metas, shard_through_broadcast
-from dtensor_rules.ops._compact_dispatch import compact_dispatch, compact_rows
 from dtensor_rules.ops._partial import partial_ops, partial_survives_cast
 from dtensor_rules.testing.suites.pointwise import fma_samples
 
@@ -91,7 +90,7 @@ def fma_rows(a: Any, b: Any, c: Any) -> list[list[PlacementOrHole]]:
 
 def fma_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Pointwise sharding through broadcasting plus the Partial strategies linearity allows."""
-    return compact_rows(fma_rows(*metas(args)), n_out=1)
+    return fma_rows(*metas(args))
 
 
 def _register() -> None:
@@ -100,7 +99,7 @@ def _register() -> None:
 
     op = torch.ops.prims.fma.default
     if op not in registry.rules():  # the whole contract (strategy, cost, samples), once inductor defines the op
-        registry.register(op, cost=fma_cost, samples=fma_samples, handler=compact_dispatch)(fma_strategy)
+        registry.register(op, cost=fma_cost, samples=fma_samples)(fma_strategy)
     if registry.active_ops():  # our rules are installed: this one too (after upstream's, which inductor just registered)
         registry.install(ops=[op])
     if registered_flop_formulas():

@@ -80,7 +80,7 @@ from torch.distributed.tensor.placement_types import Partial, Replicate
 
 from dtensor_rules.costs.formulas.indexing import index_cost, index_put_cost
 from dtensor_rules.ops._common import PlacementOrHole, size_is
-from dtensor_rules.ops import _cache_miss, _unbacked  # noqa: F401  (register the cache_miss_hook, unbacked_sharding patches)
+from dtensor_rules.ops import _cache_miss  # noqa: F401  (registers the cache_miss_hook patch)
 from dtensor_rules.ops._gaps import ALIASED_SAMPLES, ALIASED_UNPRICED, HACKED_TWIN
 from dtensor_rules.registry import register
 from dtensor_rules.testing.suites.indexing import index_put_samples, index_samples

@@ -19,8 +19,8 @@ Dtypes: the Partial rows need the result in g's own dtype (``input_dtype == g.dt
 that writes ``grad_input`` in another dtype (CUDA's half-to-float path) would round each rank's
 part before the sum (:func:`~dtensor_rules.ops._partial.partial_survives_cast`).
 
-Dispatch uses a compact strategy set (:mod:`dtensor_rules.ops._compact_dispatch`); solver and
-validator queries see every row above.
+Dispatch prices at most two strategies built from these rows (:mod:`dtensor_rules.compact`);
+solver and validator queries see every row over every mesh dim.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from torch.distributed.tensor.placement_types import Partial, Replicate
 from dtensor_rules.costs.formulas.pointwise import softmax_backward_cost
 from dtensor_rules.ops._gaps import ALIASED_SAMPLES
 from dtensor_rules.ops._common import PlacementOrHole, metas, normalize_dim
-from dtensor_rules.ops._compact_dispatch import compact_dispatch, compact_rows
 from dtensor_rules.ops._partial import partial_survives_cast
 from dtensor_rules.registry import register
 from dtensor_rules.testing.suites.pointwise import softmax_backward_samples
@@ -43,8 +42,8 @@ aten = torch.ops.aten
 SOFTMAX_BACKWARD = [aten._softmax_backward_data.default, aten._softmax_backward_data.out]
 
 
-@register(aten._softmax_backward_data.default, cost=softmax_backward_cost, samples=softmax_backward_samples, handler=compact_dispatch)
-@register(aten._softmax_backward_data.out, cost=softmax_backward_cost, gaps=ALIASED_SAMPLES, handler=compact_dispatch)
+@register(aten._softmax_backward_data.default, cost=softmax_backward_cost, samples=softmax_backward_samples)
+@register(aten._softmax_backward_data.out, cost=softmax_backward_cost, gaps=ALIASED_SAMPLES)
 def softmax_backward_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Shard any non-softmax dim; Partial(sum/avg) grad passes through (linearity)."""
     g = metas(args)[0]
@@ -61,4 +60,4 @@ def softmax_backward_strategy(op: Any, args: Any, kwargs: Any) -> list[list[Plac
         if partial_survives_cast(reduce_op, g.dtype, out_dtype):
             P = Partial(reduce_op)
             strategies.append(row(P, P, Replicate()))
-    return compact_rows(strategies, n_out=1)
+    return strategies

@@ -1,0 +1,105 @@
+"""A single-dim rule as the ``op_strategy`` function DTensor dispatch calls: compact at dispatch,
+upstream's own expansion for everything else.
+
+Upstream expands a single-dim rule to every product of its rows over the mesh dims and prices
+each one with a redistribute cost per input: ``rows ** mesh.ndim`` strategies (fma: 1074 on an
+8x8x8 mesh; scatter: 450), paid on every sharding-cache miss — and MoE token counts change
+every step. :func:`single_dim_op_strategy` wraps the rule so that:
+
+- a **dispatch** query (every input one plain spec) gets
+  :func:`dtensor_rules.compact.greedy.compact_strategy`: O(mesh dims x rows x inputs), at most
+  two priced strategies;
+- a query with several candidate layouts per input (a solver's) gets every row over every mesh
+  dim (:func:`dtensor_rules.compact.rows.full_expansion`, costs computed on first read);
+- one layout per input that is not plain (``_StridedShard``, ``_MaskPartial``, a non-default
+  shard order) or no usable compact answer gets upstream's expansion of the same rule, exactly
+  what DTensor does with the rule registered as single-dim — so errors are upstream's.
+
+Both see the rule's rows only, so neither can choose a layout the rule does not list.
+Unknown (unbacked) sizes are never guarded on: the compact path treats them as not
+shardable anew, and the fallback's ``SingleDimStrategyInfo`` carries
+``allow_unbacked_sharding=False`` (an input already sharded there keeps its layout).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch._ops import OpOverload
+from torch.distributed.tensor.placement_types import Replicate
+
+from dtensor_rules._upstream import OpSchema, OpStrategy, SingleDimStrategyInfo, expand_single_dim_rule
+from dtensor_rules.compact.greedy import Key, Row, compact_strategy, dispatch_inputs, fill, flat_inputs
+from dtensor_rules.compact.rows import full_expansion
+
+
+def aliased_inputs(op: OpOverload, op_schema: OpSchema) -> dict[int, int]:
+    """Flattened input index -> output index for tensors the op writes into: ``out=`` kwargs in
+    schema order, and ``self`` of an in-place op (name ends in ``_``)."""
+    fixed: dict[int, int] = {}
+    if op._schema.name.split("::")[-1].endswith("_"):
+        fixed[0] = 0
+    outs = [a.name for a in op._schema.arguments if a.is_out]
+    if outs:
+        index = len(flat_inputs(OpSchema(op, op_schema.args_schema, {})))
+        for name, value in op_schema.kwargs_schema.items():
+            n = len(flat_inputs(OpSchema(op, (value,), {})))
+            if name in outs and n == 1:
+                fixed[index] = outs.index(name)
+            index += n
+    return fixed
+
+
+def single_dim_op_strategy(
+    op: OpOverload,
+    rows_fn: Callable[[Any, Any, Any], list[Row]],
+    *,
+    allow_uneven_sharding: bool = True,
+) -> Callable[[OpSchema], OpStrategy]:
+    """``rows_fn(op, args_meta, kwargs_meta) -> rows`` (a single-dim rule) as an ``op_strategy``."""
+    n_out = sum(1 for r in op._schema.returns if "Tensor" in str(r.type))
+    info = SingleDimStrategyInfo(
+        func=rows_fn, allow_uneven_sharding=allow_uneven_sharding, allow_unbacked_sharding=False
+    )
+
+    def strategy(op_schema: OpSchema) -> OpStrategy:
+        strategies = flat_inputs(op_schema)
+        mesh = strategies[0].strategies[0].output_spec.mesh
+        inputs = dispatch_inputs(strategies)
+        if inputs is not None:
+            rows = rows_fn(op_schema.op, op_schema.args_meta, op_schema.kwargs_meta)
+            if all(p is not None for r in rows for p in r[n_out:]) and all(len(r) == n_out + len(inputs) for r in rows):
+                compact = compact_strategy(
+                    mesh,
+                    inputs,
+                    _constant(rows),
+                    n_out=n_out,
+                    fixed=aliased_inputs(op_schema.op, op_schema),
+                    allow_uneven_sharding=allow_uneven_sharding,
+                )
+                if compact is not None:
+                    return compact
+        if any(len(s.strategies) != 1 for s in strategies):  # a solver's candidate layouts
+            rows = rows_fn(op_schema.op, op_schema.args_meta, op_schema.kwargs_meta)
+            replicate: Row = [Replicate()] * (n_out + len(strategies))
+            return full_expansion(op_schema, strategies, [replicate, *([fill(p) for p in r] for r in rows)], n_out,
+                                  allow_uneven_sharding)
+        expand = expand_single_dim_rule(mesh, op_schema, info, None)  # one layout each, not plain: upstream's own
+        expanded = expand(op_schema.op, op_schema.args_meta, op_schema.kwargs_meta)
+        if not expanded.strategies:  # only an out= / in-place tensor's fixed layout leaves nothing
+            raise RuntimeError(f"{op_schema.op}: no valid sharding strategy for the input placements {op_schema}")
+        return expanded
+
+    strategy.__wrapped__ = rows_fn  # type: ignore[attr-defined]
+    return strategy
+
+
+def _constant(rows: list[Row]) -> Callable[[Any], list[Row]]:
+    def dispatch_rows(current: Any) -> list[Row]:
+        return rows
+
+    return dispatch_rows
+
+
+__all__ = ["Key", "aliased_inputs", "single_dim_op_strategy"]
