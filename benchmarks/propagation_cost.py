@@ -7,8 +7,10 @@ installed, then with upstream's. No rank runs: only DTensor's sharding propagati
 (strategy expansion, fake-tensor output metadata, min-cost selection) is timed.
 
 Cases are labelled: ``even`` (token count divisible by every mesh size: the flattering
-case), ``uneven`` (T = 4099: uneven shards on every mesh dim), ``many`` (cat of 8 inputs),
-``2-dim`` (tokens sharded over two mesh dims). Printed: per case and mesh the median of
+case), ``uneven`` (T = 4099: uneven shards on every mesh dim), ``many`` (cat of 6-8 inputs,
+Replicate / Partial / sharded), ``2-dim`` (tokens sharded over two mesh dims), ``moves`` (no
+strategy takes the inputs as they are: a redistribution must be chosen). All but ``even`` are
+unfavourable to us. Our rules' row memos (cat, slice_scatter) are cleared with DTensor's caches. Printed: per case and mesh the median of
 the timed repeats, ours/upstream ratio, and the number of strategies the min-cost selection
 chose from (ours/upstream); then, per mesh, the median and max ratio, and how each side's
 time grows from the 8-rank to the 512-rank mesh.
@@ -42,6 +44,7 @@ from dtensor_rules._upstream import (
     recording_strategy_counts,
     unwrap_to_op_info,
 )
+from dtensor_rules.ops.slicing import cat_rows, slice_scatter_rows
 from dtensor_rules.testing import fake_world
 
 aten = torch.ops.aten
@@ -118,21 +121,42 @@ def cases() -> list[Case]:
     T = 4096
     out.append(Case(aten.cat.default, "many", lambda m: (([_dt(m, (T, D), S0) for _ in range(8)], 0), {})))
     out.append(Case(aten.cat.default, "many", lambda m: (([_dt(m, (T, D), S0, extra=Partial()) for _ in range(6)], 1), {})))
+    out.append(Case(aten.cat.default, "many", lambda m: (([_dt(m, (4, 3), R, torch.float32) for _ in range(6)], 0), {})))
+    out.append(Case(aten.cat.default, "many", lambda m: (
+        ([_dt(m, (4, 3), Partial() if i % 2 else R, torch.float32) for i in range(6)], 0), {})))
+    out.append(Case(aten.cat.default, "uneven", lambda m: (
+        ([_dt(m, (T + 3, 7), S0), _dt(m, (T + 3, 5), S0), _dt(m, (T + 3, 1), S0)], 1), {})))
+    out.append(Case(aten.slice_scatter.default, "uneven", lambda m: (
+        (_dt(m, (T + 1, D + 3), S1), _dt(m, (T + 1, 3), R), 1, 0, 6, 2), {})))
+    # inputs that must move: no strategy of either rule takes them as they are
+    out.append(Case(torch.ops.prims.fma.default, "moves", lambda m: (
+        (_dt(m, (T, D), S0), _dt(m, (T, D), S1), _dt(m, (T, D), Partial())), {})))
+    out.append(Case(aten.cumsum.default, "moves", lambda m: ((_dt(m, (T, E), S0, torch.float32), 0), {})))
+    out.append(Case(aten.gather.default, "moves", lambda m: ((_dt(m, (T, E), S1), 1, _dt(m, (T, K), S1, torch.int64)), {})))
+    out.append(Case(aten.scatter_add.default, "moves", lambda m: (
+        (_dt(m, (E, D), S0, torch.float32), 0, _dt(m, (T, D), S1, torch.int64), _dt(m, (T, D), S1, torch.float32)), {})))
     out.append(Case(aten._grouped_mm.default, "2-dim",
                     lambda m: ((_dt(m, (T, D), S0, extra=Shard(1)), _dt(m, (E, D, H), extra=Shard(1)),
                                 _dt(m, (E,), None, torch.int32)), {})))
     return out
 
 
+def _clear_all() -> None:
+    """DTensor's sharding caches and our rules' row memos (cat / slice_scatter): nothing warm."""
+    clear_sharding_caches()
+    cat_rows.cache_clear()
+    slice_scatter_rows.cache_clear()
+
+
 def time_cold(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], repeats: int, budget_s: float) -> tuple[float, int]:
     """Median seconds of cold propagations (caches cleared each time) and the strategies chosen from."""
     info = unwrap_to_op_info(op, args, kwargs)
-    clear_sharding_caches()
+    _clear_all()
     propagate(info)  # untimed: first-use costs (imports, fake-mode setup) are not the rule's
     times = []
     with recording_strategy_counts() as counts:
         for _ in range(repeats):
-            clear_sharding_caches()
+            _clear_all()
             t0 = time.perf_counter()
             propagate(info)
             times.append(time.perf_counter() - t0)

@@ -133,8 +133,19 @@ def _static_bytes(meta: Any) -> float:
 
 
 def _plain(spec: DTensorSpec) -> bool:
-    if any(type(p) not in _PLAIN for p in spec.placements):
-        return False
+    """Shard / Replicate / Partial only, in the default shard order (which can only differ when
+    one tensor dim is sharded over several mesh dims: then compare, the rare slow case)."""
+    sharded: set[int] = set()
+    repeated = False
+    for p in spec.placements:
+        t = type(p)
+        if t not in _PLAIN:
+            return False
+        if t is Shard:
+            repeated |= p.dim in sharded
+            sharded.add(p.dim)
+    if not repeated:
+        return True
     order = getattr(spec, "shard_order", None)
     return order is None or order == DTensorSpec(spec.mesh, spec.placements).shard_order
 
@@ -209,20 +220,28 @@ def priced_strategy(
     if any(mixes_partials([key(p) for p in c]) for c in cols):
         return None
     targets = []
+    costs = []
     for idx, (i, pl) in enumerate(zip(inputs, cols[n_out:])):
         unchanged = tuple(map(key, pl)) == tuple(map(key, i.current.placements))
         if idx in fixed and not unchanged:
             return None
-        spec = i.current if unchanged else DTensorSpec(mesh, pl, tensor_meta=i.current.tensor_meta)
-        if not (unchanged and allow_uneven_sharding) and not is_tensor_shardable(
-            i.current.tensor_meta.shape, spec, allow_unbacked_sharding=False
-        ):
+        if unchanged:  # its own layout: no move, cost 0 (shardable unless the rule wants even shards)
+            spec = i.current
+            ok = allow_uneven_sharding or is_tensor_shardable(i.current.tensor_meta.shape, spec, allow_unbacked_sharding=False)
+            cost = 0.0
+        else:
+            spec = DTensorSpec(mesh, pl, tensor_meta=i.current.tensor_meta)
+            ok = all(type(p) is not Shard for p in pl) or is_tensor_shardable(
+                i.current.tensor_meta.shape, spec, allow_unbacked_sharding=False
+            )
+            cost = redistribute_cost(i.current, spec) if ok else INF
+        if not ok:
             return None
         targets.append(spec)
+        costs.append([cost])
     outs = [None if all(p is None for p in c) else DTensorSpec(mesh, c) for c in cols[:n_out]]
     if any(o is None for o in outs[:1]) and n_out == 1:
         return None
-    costs = [[redistribute_cost(s.output_spec, t) for s in i.strategy.strategies] for i, t in zip(inputs, targets)]
     return OpSpec(output_specs=outs[0] if n_out == 1 else tuple(outs), input_specs=targets, redistribute_cost=costs)
 
 
