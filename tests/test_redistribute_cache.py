@@ -65,20 +65,19 @@ def test_the_inline_path_checks_every_argument(changed: str):
         return plan(a["mesh"], a["shape"], a["dtype"], src, a["dst"], src_device_order=a["src_order"],
                     dst_device_order=a["dst_order"], topology=a["topology"], max_peak_bytes=a["cap"])
 
-    before = call(args)
-    assert cache.BY_SRC[id(src)][-2] is before  # the inline entry is there to be (wrongly) reused
-    new = dict(args, **{changed: other[changed]})
-    def outcome(run):
+    def outcome(a):
         try:
-            return run()
+            return call(a)
         except NoPlanError as e:
             return str(e)
 
-    want = outcome(lambda: _uncached(new["mesh"], new["shape"], new["dtype"], src, new["dst"], src_device_order=new["src_order"],
-                                     dst_device_order=new["dst_order"], topology=new["topology"], max_peak_bytes=new["cap"]))
+    new = dict(args, **{changed: other[changed]})
+    want = outcome(new)  # the uncached answer (the fixture cleared the caches)
+    clear_plan_cache()
+    before = call(args)
     assert want != before  # the changed argument changes the answer (else this test could not catch a stale hit)
-    call(args)
-    assert outcome(lambda: call(new)) == want
+    assert cache.BY_SRC[id(src)][-2] is before  # the inline entry is there to be (wrongly) reused
+    assert outcome(new) == want
 
 
 def test_equal_fresh_arguments_share_the_layout_cache():

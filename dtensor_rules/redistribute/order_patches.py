@@ -27,7 +27,13 @@ from types import ModuleType
 import torch
 
 from dtensor_rules._upstream import DTensorSpec, spec_of, TensorMeta
-from dtensor_rules._upstream.checkpoint import CHUNK, WRITE_ITEMS, chunk_metadata, metadata_index, on_planner_helpers_imported
+from dtensor_rules._upstream.checkpoint import (
+    CHUNK,
+    WRITE_ITEMS,
+    chunk_metadata,
+    metadata_index,
+    on_planner_helpers_imported,
+)
 
 from dtensor_rules.registry import register_patch
 
