@@ -73,7 +73,7 @@ def load() -> None:
     _check_torch()
     from dtensor_rules import ops  # noqa: F401  (the one place that loads the shipped rules)
     from dtensor_rules import registry
-    from dtensor_rules.costs import register_flop_formulas
+    from dtensor_rules.costs.flop_counter import register_flop_formulas_on_import
     from dtensor_rules.redistribute import distribute_tensor, plan
     from dtensor_rules.redistribute import redistribute as redistribute_with_order
 
@@ -82,7 +82,9 @@ def load() -> None:
     names = ("Rule", "RuleError", "get_rule", "install", "installed", "register", "rules", "status", "uninstall")
     globals().update({n: getattr(registry, n) for n in names})
     globals().update(distribute_tensor=distribute_tensor, plan=plan, redistribute_with_order=redistribute_with_order)
-    register_flop_formulas()  # FlopCounterMode counts ops torch prices at 0 (idempotent; costs.unregister_flop_formulas undoes it)
+    # FlopCounterMode counts ops torch prices at 0, from the first import of torch.utils.flop_counter
+    # (idempotent; costs.unregister_flop_formulas undoes it)
+    register_flop_formulas_on_import()
     if os.environ.get("DTENSOR_RULES_NO_INSTALL", "") not in ("1", "true", "True"):
         registry.install()
 

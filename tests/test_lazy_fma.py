@@ -17,7 +17,8 @@ CODE = textwrap.dedent(
     import dtensor_rules
     from dtensor_rules import registry
     heavy = [m for m in sys.modules if m.startswith(("torch._inductor.inductor_prims", "torch._inductor.graph",
-                                                   "torch._dynamo.convert_frame", "torch.distributed.tensor.debug"))]
+                                                   "torch._dynamo.convert_frame", "torch.distributed.tensor.debug",
+                                                   "torch.distributed.checkpoint", "torch.utils.flop_counter", "triton"))]
     assert not heavy, heavy
     import torch
     import torch._inductor.inductor_prims  # defines prims.fma: upstream registers its rule, then ours is installed

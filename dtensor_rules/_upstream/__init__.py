@@ -16,7 +16,8 @@ Modules, each with one job:
 - :mod:`.tensors`: a DTensor's local tensor and spec, local shapes/offsets/strides, simulated ranks.
 - :mod:`.collectives`: single-mesh-dim placement transitions and their cost estimate.
 - :mod:`.meta`: fake tensors and meta kernels (``_grouped_mm``'s output, ``prims.fma``).
-- :mod:`.checkpoint`: DCP's planner helpers.
+- :mod:`.checkpoint`: DCP's planner helpers (reached at the user's import of DCP, never imported here).
+- :mod:`.planner`: upstream's redistribute planner, for the side-by-side benchmark (not re-exported).
 - :mod:`.measured`: ours vs upstream measured per torch release; which rule ``install()`` keeps.
 - :mod:`.contract`: the list of upstream symbols and signatures all of the above rely on.
 """

@@ -5,7 +5,10 @@
 that has arithmetic and that torch has no formula for; torch's own formulas (mm, bmm,
 attention, ...) are never replaced.
 It is idempotent and undone by :func:`unregister_flop_formulas`. ``import dtensor_rules``
-calls it. Pure data movement (cat, gather, index, scatter, slice_scatter, the MoE index
+arranges for it (:func:`register_flop_formulas_on_import`): at once if
+``torch.utils.flop_counter`` is already imported, else right after its first import (on CUDA
+builds that module imports triton, ~100 ms and ~75 MiB, which ``import dtensor_rules`` should
+not pay). Pure data movement (cat, gather, index, scatter, slice_scatter, the MoE index
 permutation) is not registered: it has 0 flops and would only add empty rows to
 FlopCounterMode tables.
 """
@@ -20,16 +23,19 @@ from typing import Any
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
+from dtensor_rules._post_import import when_imported
 from dtensor_rules.costs._util import fits
 from dtensor_rules.costs.op_cost import Formula
 from dtensor_rules.costs.rule_source import rule_formulas
 
-__all__ = ["register_flop_formulas", "unregister_flop_formulas", "registered_flop_formulas", "torch_flop_formulas_only"]
+__all__ = ["register_flop_formulas", "register_flop_formulas_on_import", "unregister_flop_formulas",
+           "registered_flop_formulas", "torch_flop_formulas_only"]
 
 aten = torch.ops.aten
 _DATA_MOVEMENT = {aten.cat, aten.gather, aten.index, aten.slice_scatter, aten.scatter, aten.scatter_}
 _DATA_MOVEMENT_NAMES = {"dtensor_rules::moe_permute_indices"}  # custom ops: by name, they may load later
 _ours: dict[OpOverloadPacket, Callable[..., int]] = {}
+FLOP_COUNTER = "torch.utils.flop_counter"
 
 
 def _counter(packet: OpOverloadPacket, overloads: dict[OpOverload, Formula]) -> Callable[..., int]:
@@ -64,6 +70,11 @@ def register_flop_formulas() -> list[OpOverloadPacket]:
         fc.register_flop_formula(packet, get_raw=True)(fn)
         _ours[packet] = fc.flop_registry[packet]
     return registered_flop_formulas()
+
+
+def register_flop_formulas_on_import() -> None:
+    """:func:`register_flop_formulas` once ``torch.utils.flop_counter`` is imported (now if it is)."""
+    when_imported(FLOP_COUNTER, lambda _module: register_flop_formulas())
 
 
 def registered_flop_formulas() -> list[OpOverloadPacket]:

@@ -11,6 +11,8 @@
    placements alone (``compute_local_shape_and_global_offset``), i.e. for the default order. For
    a spec with a non-default order the fix takes (sizes, offsets) from ``local_shard_offsets``
    (nested chunking in the recorded order); every other DTensor goes to the original function.
+   DCP is heavy to import (~70 ms), so this half waits for the user's first import of it
+   (``_upstream.checkpoint.on_planner_helpers_imported``) when ``install()`` runs before that.
 
 Both are registered with ``registry.register_patch``: a full ``dtensor_rules.install()`` applies
 them, ``uninstall()`` puts the original function objects back.
@@ -19,17 +21,26 @@ them, ``uninstall()`` puts the original function objects back.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from types import ModuleType
 
 import torch
 
 from dtensor_rules._upstream import DTensorSpec, spec_of, TensorMeta
-from dtensor_rules._upstream.checkpoint import CHUNK, WRITE_ITEMS, ChunkStorageMetadata, MetadataIndex, planner_helpers
+from dtensor_rules._upstream.checkpoint import (
+    CHUNK,
+    WRITE_ITEMS,
+    chunk_metadata,
+    metadata_index,
+    on_planner_helpers_imported,
+)
 
 from dtensor_rules.registry import register_patch
 
 __all__ = ["has_custom_order", "checkpoint_shape_and_offset"]
 
-_orig: dict[str, object] = {}
+_orig: dict[str, object] = {}  # what _apply replaced: "shallow"; once DCP is patched, "helpers", "write", "chunk"
+_cancel_dcp: list[Callable[[], None]] = []  # while applied: forgets the DCP half if DCP is not imported yet
 
 
 def has_custom_order(spec: DTensorSpec) -> bool:
@@ -62,32 +73,36 @@ def _write_items(fqn, tensor):
         return item
     sizes, offs = checkpoint_shape_and_offset(spec_of(tensor))
     return dataclasses.replace(
-        item, index=MetadataIndex(fqn, offs),
-        tensor_data=dataclasses.replace(item.tensor_data, chunk=ChunkStorageMetadata(offsets=offs, sizes=sizes)))
+        item, index=metadata_index(fqn, offs),
+        tensor_data=dataclasses.replace(item.tensor_data, chunk=chunk_metadata(offs, sizes)))
 
 
 def _chunk(tensor):
     if not has_custom_order(spec_of(tensor)):
         return _orig["chunk"](tensor)
     sizes, offs = checkpoint_shape_and_offset(spec_of(tensor))
-    return ChunkStorageMetadata(offsets=offs, sizes=sizes)
+    return chunk_metadata(offs, sizes)
 
 
-def _apply() -> None:
-    ph = planner_helpers()
-    _orig["shallow"] = DTensorSpec.__dict__["shallow_copy_with_tensor_meta"]
-    _orig["write"] = getattr(ph, WRITE_ITEMS)
-    _orig["chunk"] = getattr(ph, CHUNK)
-    DTensorSpec.shallow_copy_with_tensor_meta = _shallow_copy_with_tensor_meta
+def _patch_dcp(ph: ModuleType) -> None:
+    _orig.update(helpers=ph, write=getattr(ph, WRITE_ITEMS), chunk=getattr(ph, CHUNK))
     setattr(ph, WRITE_ITEMS, _write_items)
     setattr(ph, CHUNK, _chunk)
 
 
+def _apply() -> None:
+    _orig["shallow"] = DTensorSpec.__dict__["shallow_copy_with_tensor_meta"]
+    DTensorSpec.shallow_copy_with_tensor_meta = _shallow_copy_with_tensor_meta
+    _cancel_dcp.append(on_planner_helpers_imported(_patch_dcp))  # now if DCP is imported, else at its import
+
+
 def _restore() -> None:
-    ph = planner_helpers()
     DTensorSpec.shallow_copy_with_tensor_meta = _orig.pop("shallow")
-    setattr(ph, WRITE_ITEMS, _orig.pop("write"))
-    setattr(ph, CHUNK, _orig.pop("chunk"))
+    _cancel_dcp.pop()()
+    if "helpers" in _orig:
+        ph = _orig.pop("helpers")
+        setattr(ph, WRITE_ITEMS, _orig.pop("write"))
+        setattr(ph, CHUNK, _orig.pop("chunk"))
 
 
 register_patch("shard_order", _apply, _restore)

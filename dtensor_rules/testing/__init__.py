@@ -5,10 +5,31 @@
 - :func:`local_shards`: every rank's local shard of a DTensor (simulated) or this rank's (real PG).
 - :func:`check_rule`: compare a rule (ours and upstream's) with ground truth.
 - :mod:`dtensor_rules.testing.strategies`: hypothesis strategies for meshes, placements, shapes.
+
+The names load at first use: ``import dtensor_rules`` imports the sample suites
+(``testing.suites``, through this package) and should not pay for the validator and the mesh
+helpers (~12 ms) until someone checks a rule.
 """
 
-from dtensor_rules.testing.mesh import fake_world, run_gloo, simulated_mesh
-from dtensor_rules.testing.shards import local_shards
-from dtensor_rules.testing.validator import RuleReport, SideReport, check_rule, check_samples
+from __future__ import annotations
 
-__all__ = ["simulated_mesh", "fake_world", "run_gloo", "local_shards", "check_rule", "check_samples", "RuleReport", "SideReport"]
+import importlib
+from typing import Any
+
+_HOME = {
+    "simulated_mesh": "mesh", "fake_world": "mesh", "run_gloo": "mesh", "local_shards": "shards",
+    "check_rule": "validator", "check_samples": "validator", "RuleReport": "validator", "SideReport": "validator",
+}
+__all__ = list(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))
