@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import torch
 
 BATCHES = (48, 64, 40, 64, 56, 48, 72, 40, 64, 56)  # tokens per step, cycled: 5 shapes, each seen 2+ times
+WARMUP_TOKENS = 36  # not in BATCHES: every timed shape's first occurrence is still a cache miss
 
 
 class Step(NamedTuple):
@@ -50,6 +51,11 @@ def loop(mesh: Any, steps: int) -> list[Step]:
     from dtensor_rules.models import shard_moe
 
     model = shard_moe(_model(), mesh)
+    # untimed warm-up on a batch size the loop never uses: process-wide first-use costs (fake
+    # mode, autograd, collectives) are paid here by each side, not by whichever side runs first
+    x = distribute_tensor(torch.randn(WARMUP_TOKENS, 64), mesh, (Shard(0), Replicate()))
+    model(x).float().pow(2).mean().backward()
+    model.zero_grad(set_to_none=True)
     seen: set[int] = set()
     out = []
     for i in range(steps):
@@ -67,10 +73,13 @@ def loop(mesh: Any, steps: int) -> list[Step]:
 def both_sides(mesh: Any, steps: int) -> dict[str, list[Step]]:
     import dtensor_rules
 
-    dtensor_rules.install()
+    from dtensor_rules._upstream import clear_sharding_caches
+
+    dtensor_rules.install()  # (clears DTensor's sharding caches)
     ours = loop(mesh, steps)
-    dtensor_rules.uninstall()
+    dtensor_rules.uninstall()  # (clears them again: upstream starts as cold as ours did)
     try:
+        clear_sharding_caches()
         upstream = loop(mesh, steps)
     finally:
         dtensor_rules.install()
