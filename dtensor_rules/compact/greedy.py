@@ -254,7 +254,7 @@ def compact_strategy(
     fixed: Mapping[int, int],
     allow_uneven_sharding: bool = True,
 ) -> OpStrategy | None:
-    """The greedy strategy and all-Replicate (unless the greedy one moves nothing), priced.
+    """The greedy strategy and all-Replicate (unless the greedy one costs nothing), priced.
 
     None if neither is usable (e.g. an ``out=`` tensor laid out as no row can write): the
     caller's full expansion then gives upstream's answer or error.
@@ -272,7 +272,7 @@ def compact_strategy(
         if spec is not None:
             seen.add(sig)
             specs.append(spec)
-            if sig[n_out:] == current:
-                break  # no input moves: nothing is cheaper, the all-Replicate fallback is not priced
+            if sig[n_out:] == current or not any(c[0] for c in spec.redistribute_cost):
+                break  # nothing moves, or only local moves (R -> S / P cost 0): the all-Replicate fallback cannot be cheaper
     return OpStrategy(specs) if specs else None
 
