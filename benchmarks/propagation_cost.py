@@ -45,7 +45,7 @@ from dtensor_rules._upstream import (
     recording_strategy_counts,
     unwrap_to_op_info,
 )
-from dtensor_rules.ops.slicing import cat_rows, slice_scatter_rows
+from dtensor_rules.ops.slicing import clear_row_caches
 from dtensor_rules.testing import fake_world
 
 aten = torch.ops.aten
@@ -145,8 +145,7 @@ def cases() -> list[Case]:
 def _clear_all() -> None:
     """DTensor's sharding caches and our rules' row memos (cat / slice_scatter): nothing warm."""
     clear_sharding_caches()
-    cat_rows.cache_clear()
-    slice_scatter_rows.cache_clear()
+    clear_row_caches()
 
 
 class Side(NamedTuple):

@@ -25,6 +25,8 @@ bool carries no Partial at all; avg needs a floating dtype (see :func:`partial_o
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from dtensor_rules.ops._partial import ALL_REDUCE_OPS, monotone_cast, partial_ops, partial_survives_cast
@@ -32,6 +34,7 @@ from dtensor_rules.ops._partial import ALL_REDUCE_OPS, monotone_cast, partial_op
 __all__ = ["cast_partial_ops", "monotone_cast"]
 
 
+@functools.lru_cache(maxsize=None)  # dtype pairs x op tuples: a small finite set, asked at every dispatch
 def cast_partial_ops(src: torch.dtype, dst: torch.dtype, ops: tuple[str, ...] = ALL_REDUCE_OPS) -> tuple[str, ...]:
     """The reduce ops in ``ops`` for which a Partial ``src`` input gives a Partial ``dst`` result."""
     return tuple(o for o in partial_ops([src, dst], ops) if partial_survives_cast(o, src, dst))

@@ -218,11 +218,12 @@ def _filled(call: CatCall) -> list[int]:
     return [i for i in call.real if i not in call.empty]
 
 
-def _eligible(call: CatCall, reduce_op: str) -> list[int]:
-    return [i for i in _filled(call) if reduce_op in cast_partial_ops(call.dtypes[i], call.out_dtype)]
+@functools.lru_cache(maxsize=1024)  # asked per mesh dim and reduce op at every dispatch; CatCall is hashable
+def _eligible(call: CatCall, reduce_op: str) -> tuple[int, ...]:
+    return tuple(i for i in _filled(call) if reduce_op in cast_partial_ops(call.dtypes[i], call.out_dtype))
 
 
-def _subsets(eligible: list[int], all_subsets: bool) -> list[tuple[int, ...]]:
+def _subsets(eligible: Sequence[int], all_subsets: bool) -> list[tuple[int, ...]]:
     """Every non-empty subset for few inputs; otherwise all of them and each one alone."""
     if all_subsets and len(eligible) <= MAX_SUBSET_INPUTS:
         return [s for k in range(1, len(eligible) + 1) for s in itertools.combinations(eligible, k)]
@@ -431,3 +432,9 @@ def slice_scatter_strategy(op_schema: OpSchema, full: bool = False) -> OpStrateg
 # solvers' cost tables (dtensor_rules.costs.strategy_costs) price every strategy, not dispatch's two
 for _fn in (cat_strategy, slice_scatter_strategy):
     _fn.full_enumeration = functools.partial(_fn, full=True)  # type: ignore[attr-defined]
+
+
+def clear_row_caches() -> None:
+    """Forget the memoised rows (benchmarks measure cold propagation with this)."""
+    for memo in (cat_rows, slice_scatter_rows, _eligible):
+        memo.cache_clear()
