@@ -11,28 +11,15 @@ usage: python benchmarks/index_dispatch.py [--calls N] [--repeats R]
 
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
 import sys
-import time
 
 os.environ.setdefault("DTENSOR_RULES_NO_INSTALL", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-import dtensor_rules  # noqa: E402
-from dtensor_rules.testing import run_gloo  # noqa: E402
-
-
-def _per_call_us(fn, calls: int) -> float:
-    """Mean per-call time (us) of ``calls`` calls; a warm-up call first fills the caches."""
-    fn()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - t0) / calls * 1e6
+from _dispatch_rounds import interleaved_rounds, run_rounds  # noqa: E402
 
 
 def _cases(mesh):
@@ -55,31 +42,15 @@ def _cases(mesh):
 
 
 def _worker(rank: int, world: int, calls: int, repeats: int) -> dict[str, tuple[float | None, ...]]:
-    """Rounds alternate upstream / ours (the machine is shared: interleaving spreads load noise
-    over both sides); per case, the median of each side's rounds."""
+    """Per case, the median and min of each side's rounds (upstream cannot size x[mask]: None)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (world,))
-    times: dict[str, dict[str, list[float]]] = {}
-    for _ in range(repeats):
-        for side in ("upstream", "ours"):
-            dtensor_rules.uninstall() if side == "upstream" else dtensor_rules.install()
-            for name, fn in _cases(mesh).items():
-                try:
-                    t = _per_call_us(fn, calls)
-                except Exception:  # upstream cannot size x[mask]
-                    continue
-                times.setdefault(name, {"upstream": [], "ours": []})[side].append(t)
-    stat = lambda v, f: f(v) if v else None  # noqa: E731
-    return {k: tuple(stat(v[side], f) for f in (statistics.median, min) for side in ("upstream", "ours")) for k, v in times.items()}
+    return {k: v.summary() for k, v in interleaved_rounds(lambda: _cases(mesh), calls, repeats).items()}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--calls", type=int, default=200)
-    ap.add_argument("--repeats", type=int, default=7)
-    a = ap.parse_args()
-    res = run_gloo(_worker, 2, a.calls, a.repeats)[0]
+    res, a = run_rounds(_worker)
     print(f"index.Tensor per call, warm cache, 2-rank gloo (rank 0), median of {a.repeats} interleaved rounds of {a.calls} calls")
     print("(min of rounds is the least load-disturbed estimate of per-call overhead on a shared machine)")
     print(f"{'case':36s} {'upstream us':>12s} {'ours us':>9s} {'ratio':>7s} | {'min up us':>9s} {'min ours':>9s} {'ratio':>7s}")

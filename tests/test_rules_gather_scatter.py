@@ -165,7 +165,8 @@ class GoldenTables(TestCase):
 (P(sum), R) -> (P(sum))
 (R, R) -> (R)
 (R, S(1)) -> (S(1))
-(S(0), S(0)) -> (S(0))""")
+(S(0), S(0)) -> (S(0))
+(S(1), M(1)) -> (M(1))""")
 
     def test_scatter_add_table(self) -> None:
         args = (torch.randn(4, 6), 0, torch.randint(0, 4, (5, 6)), torch.randn(5, 6))

@@ -71,3 +71,39 @@ def test_check_output_on_2d_mesh_mixes_partial_and_shard():
         locals_.append(piece * (0.3 if c[0] == 0 else 0.7))
     assert check_output(locals_, truth, (Partial("sum"), Shard(1)), (2, 2)) is None
     assert check_output(locals_, truth, (Partial("max"), Shard(1)), (2, 2)) is not None
+
+
+def test_masked_index_simulation_is_what_gather_dispatch_holds():
+    """Per rank, the simulated lookups (index moved into the rank's nested chunk, masked results
+    zeroed) equal the local result DTensor's gather dispatch produces, uneven chunks included."""
+    from dtensor_rules._upstream import IndexMaskPartial
+    from dtensor_rules.testing import local_shards
+    from dtensor_rules.testing.simulate import Sample, run_ranks
+
+    x, index = torch.randn(3, 7, 2), torch.randint(0, 7, (3, 3, 2))
+    mask = IndexMaskPartial(tuple(x.shape), 1)
+    for mesh_shape, pl in (((4,), (Shard(1),)), ((2, 2), (Shard(1), Shard(1))), ((2, 2), (Replicate(), Shard(1)))):
+        index_pl = tuple(mask if p == Shard(1) else Replicate() for p in pl)
+        runs = run_ranks(torch.ops.aten.gather.default, Sample((x, 1, index), {}), [pl, index_pl], mesh_shape, salt=0)
+        simulated = [run.outputs[0].masked_fill(run.masks[mask], 0) for run in runs]
+        with simulated_mesh(mesh_shape) as mesh:
+            out = torch.gather(distribute_tensor(x, mesh, pl), 1, distribute_tensor(index, mesh, [Replicate()] * len(pl)))
+            assert tuple(out.placements) == index_pl
+            for got, want in zip(local_shards(out), simulated):
+                assert torch.equal(got, want)
+        assert check_output([r.outputs[0] for r in runs], torch.gather(x, 1, index), index_pl, mesh_shape,
+                            masks=[r.masks for r in runs]) is None
+
+
+def test_upstream_mask_partial_on_two_mesh_dims_conflicts_as_its_buffer_does():
+    from dtensor_rules._upstream import MaskPartial
+    from dtensor_rules.testing.simulate import Sample, run_ranks
+
+    x, index = torch.randn(2, 8), torch.tensor([[1], [6]])
+    mask = MaskPartial(offset_shape=x.shape, offset_dim=1)
+    sample = Sample((x, 1, index), {})
+    one = run_ranks(torch.ops.aten.gather.default, sample, [(Shard(1),), (mask,)], (2,), salt=0)
+    assert check_output([r.outputs[0] for r in one], torch.gather(x, 1, index), (mask,), (2,),
+                        masks=[r.masks for r in one]) is None
+    nested = run_ranks(torch.ops.aten.gather.default, sample, [(Shard(1), Shard(1)), (mask, mask)], (2, 2), salt=0)
+    assert isinstance(nested, str) and "conflicting" in nested

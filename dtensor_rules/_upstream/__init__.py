@@ -18,6 +18,7 @@ Modules, each with one job:
 - :mod:`.meta`: fake tensors and meta kernels (``_grouped_mm``'s output, ``prims.fma``).
 - :mod:`.checkpoint`: DCP's planner helpers (reached at the user's import of DCP, never imported here).
 - :mod:`.planner`: upstream's redistribute planner, for the side-by-side benchmark (not re-exported).
+- :mod:`.mask`: upstream's masked-partial placement and ours (lookups into a sharded table).
 - :mod:`.measured`: ours vs upstream measured per torch release; which rule ``install()`` keeps.
 - :mod:`.contract`: the list of upstream symbols and signatures all of the above rely on.
 """
@@ -50,10 +51,16 @@ from dtensor_rules._upstream.registries import (
     META_STEP_ATTR,
     SCHEMA_REGISTRIES,
     STRATEGY_REGISTRIES,
+    cache_miss_wrapped,
     clear_sharding_caches,
     custom_op_handlers,
+    dispatch_propagated,
     dispatch_slow_path,
     dispatch_with_local_fix,
+    input_targets,
+    is_output_sharding,
+    redistribute_args_to,
+    wrap_result,
     dispatcher,
     propagate,
     propagator,
@@ -89,6 +96,7 @@ from dtensor_rules._upstream.collectives import (
     shard_from_replicate,
     swap_partial_partition,
 )
+from dtensor_rules._upstream.mask import IndexMaskPartial, MaskPartial, assert_async
 from dtensor_rules._upstream.measured import verdict as measured_verdict
 from dtensor_rules._upstream.meta import (
     DynamicOutputShapeException,

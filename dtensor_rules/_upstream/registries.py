@@ -63,8 +63,36 @@ def dispatch_slow_path(op_call: Any, args: Any, kwargs: Any) -> Any:
     d = dispatcher()
     op_info = d.unwrap_to_op_info(op_call, args, kwargs)
     d.sharding_propagator.propagate(op_info)
+    return dispatch_propagated(op_call, args, op_info)
+
+
+def dispatch_propagated(op_call: Any, args: Any, op_info: Any) -> Any:
+    """The rest of upstream's path for a call already propagated: redistribute, run, wrap."""
+    d = dispatcher()
     local = d._dispatch_get_local_results_slow_path(op_call, args, op_info)
     return d.wrap(local, op_info.output_sharding.output_spec)
+
+
+def input_targets(op_info: Any) -> list[Any]:
+    """The layouts a propagated call's flat args must take: specs (tensors) and the other args as is."""
+    sharding = op_info.output_sharding
+    if sharding.needs_redistribute:
+        import torch.utils._pytree as pytree
+
+        return list(pytree.tree_leaves(sharding.redistribute_schema.args_schema))
+    return list(op_info.flat_args_schema)
+
+
+def redistribute_args_to(op_info: Any, targets: Any) -> None:
+    """Redistribute a call's local tensor args to ``targets`` (as :func:`input_targets` orders them)."""
+    from dtensor_rules._upstream.types import OpSchema
+
+    dispatcher().redistribute_local_args(op_info, OpSchema(op_info.schema.op, tuple(targets), {}), False)
+
+
+def wrap_result(local: Any, spec: Any) -> Any:
+    """A local result as the DTensor(s) ``spec`` describes (upstream's wrap)."""
+    return dispatcher().wrap(local, spec)
 
 
 def wrap_cache_miss(make: Any) -> None:
@@ -78,6 +106,19 @@ def unwrap_cache_miss() -> None:
     d = dispatcher()
     if SLOW_PATH_ATTR in vars(d):
         delattr(d, SLOW_PATH_ATTR)
+
+
+def cache_miss_wrapped() -> bool:
+    """Whether :func:`wrap_cache_miss` is in effect."""
+    return SLOW_PATH_ATTR in vars(dispatcher())
+
+
+def is_output_sharding(x: Any) -> bool:
+    """Whether a cache-miss callback's return is a sharding decision (DTensor caches and runs it)
+    rather than the op's result."""
+    from torch.distributed.tensor._op_schema import OutputSharding
+
+    return isinstance(x, OutputSharding)
 
 
 def dispatch_with_local_fix(op_call: Any, args: Any, kwargs: Any, fix_local: Any) -> Any:

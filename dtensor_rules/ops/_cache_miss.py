@@ -1,4 +1,4 @@
-"""What DTensor's sharding-cache-miss callback does for our ops: ``x[mask]``, and ``out=`` errors.
+"""What DTensor's sharding-cache-miss callback does for our ops: ``x[mask]``, ``out=`` errors, finishers.
 
 1. ``x[mask]`` on DTensors: bool masks of ``aten.index.Tensor`` without a per-call handler.
 
@@ -15,6 +15,11 @@ reaches this code after its first (cache-filling) call, so it stays on DTensor's
    with ``o`` sharded on the scan dim: a carry across ranks): upstream's selection fails with
    "min() arg is an empty sequence" (2.13) or "no valid sharding strategy" (2.14). The hook re-raises a RuntimeError naming the out= layout,
    the layouts our rule can produce per mesh dim, and the fix.
+
+3. Finishers (:func:`finish_on_miss`): an op whose chosen strategy dispatch cannot run as is
+   (``gather`` with a masked index: ``ops/gather_mask.py``) computes its result here from the
+   sharding just chosen; the result is not a sharding, so DTensor caches nothing and every call
+   like it comes back here, while the op's other layouts are cached and stay on the fast path.
 """
 
 from __future__ import annotations
@@ -28,11 +33,31 @@ from torch.distributed.tensor.placement_types import Replicate
 
 from torch.utils import _pytree as pytree
 
-from dtensor_rules._upstream import dispatch_slow_path, spec_of, unwrap_cache_miss, wrap_cache_miss
+from dtensor_rules._upstream import (
+    cache_miss_wrapped,
+    dispatch_slow_path,
+    is_output_sharding,
+    spec_of,
+    unwrap_cache_miss,
+    wrap_cache_miss,
+)
 
-__all__ = ["is_mask", "check_mask_shapes", "masks_to_indices"]
+__all__ = ["is_mask", "check_mask_shapes", "masks_to_indices", "finish_on_miss", "finishing"]
 
 _INDEX = torch.ops.aten.index.Tensor
+# op -> finish(op_call, args, kwargs, op_info, sharding): the call's result, or None to let DTensor
+# cache the sharding and run it
+_FINISHERS: dict[Any, Callable[..., Any]] = {}
+
+
+def finish_on_miss(op: Any, finish: Callable[..., Any]) -> None:
+    """Register ``finish`` for ``op`` (point 3 of the module doc)."""
+    _FINISHERS[op] = finish
+
+
+def finishing() -> bool:
+    """Whether the cache-miss hook, and so every finisher, is in effect (a full ``install()``)."""
+    return cache_miss_wrapped()
 
 
 def is_mask(x: object) -> bool:
@@ -111,13 +136,23 @@ def _on_miss(original: Callable[..., Any]) -> Callable[..., Any]:
         if op_call is _INDEX and len(args) > 1 and isinstance(args[1], (list, tuple)) and any(is_mask(i) for i in args[1]):
             check_mask_shapes(tuple(args[0].shape), args[1])
             return dispatch_slow_path(op_call, (args[0], masks_to_indices(list(args[1])), *args[2:]), kwargs)
+        finish = _FINISHERS.get(op_call)
+        if finish is not None and len(rest) == 2:
+            # DTensor never caches a finished call, so it asks again every time and says "don't
+            # look in the Python cache" (its own would have had it): look there, or every such
+            # call would price every strategy again
+            rest = (rest[0], True)
         try:
-            return original(op_call, args, kwargs, *rest)
+            result = original(op_call, args, kwargs, *rest)
         except RuntimeError as err:
             clear = _out_layout_error(op_call, tuple(args), kwargs, err) if kwargs else None
             if clear is not None:
                 raise clear from err
             raise
+        if finish is None or not rest or not is_output_sharding(result):
+            return result
+        done = finish(op_call, args, kwargs, rest[0], result)
+        return result if done is None else done
 
     return on_cache_miss
 

@@ -14,6 +14,16 @@ out                      self, index            why it is valid
 S(d), d != dim           S(d), S(d)             only if self.size(d) == index.size(d): chunks line up
 S(dim)                   R, S(dim)              out has index's shape; each rank looks up its index rows in
                                                 the whole self (out rows along dim follow index rows)
+M                        S(dim), M              M = IndexMaskPartial: each rank looks up the indices in its
+                                                chunk of self and zeroes the rest, so the lookups are
+                                                disjoint and sum to out (upstream's masked partial, with
+                                                the mask made at dispatch: ops/gather_mask.py); only if
+                                                index.size(dim) == 1 or 2 * index.numel() <= self.numel()
+                                                (reducing out later moves no more than all-gathering self);
+                                                not for ``out=`` nor bool (no sum), nor where dispatch
+                                                cannot make the mask (``install(ops=...)`` without the
+                                                cache-miss hook); self sharded on dim on several mesh dims
+                                                nests the chunks
 P(op), op in sum/avg/    P(op), R               linear in self; each output is a copy of one self element,
 max/min                                         so max/min commute with it
 R                        R, R                   implied
@@ -65,10 +75,12 @@ statically known (``size_is``); an unknown (unbacked) size drops those rows, nev
 Integer self with index-sharded rows: a replicated self reaches P(sum) through the exact integer
 partition (value on coordinate 0, zeros elsewhere; ``ops/_partial.py``), not upstream's v / n.
 
-Not offered anywhere: the indexed dim of self sharded (index values are global
-coordinates), index Partial (indices are not additive), sharding d with unequal sizes.
-Upstream torch 2.13 has no Partial strategy for any of these, and its scatter_add checks
-only self vs index sizes (src larger than index on d is sharded wrongly).
+Not offered anywhere else: the indexed dim of self sharded (index values are global
+coordinates; gather masks them instead), index Partial (indices are not additive), sharding d
+with unequal sizes. Upstream torch 2.13 has no Partial strategy for any of these, its masked
+gather only for ``index.size(dim) == 1`` (and failing where its mask buffer is reused, see
+``_upstream/mask.py``), and its scatter_add checks only self vs index sizes (src larger than
+index on d is sharded wrongly).
 """
 
 from __future__ import annotations
@@ -83,6 +95,7 @@ from dtensor_rules.costs.formulas.indexing import gather_cost, scatter_cost
 from dtensor_rules.ops._common import PlacementOrHole, metas, normalize_dim, size_is
 from dtensor_rules.ops._gaps import ALIASED_SAMPLES, ALIASED_UNPRICED
 from dtensor_rules.ops._partial import partial_ops
+from dtensor_rules.ops.gather_mask import mask_row, mask_row_offered, mask_row_pays
 from dtensor_rules.registry import register
 from dtensor_rules.testing.suites.gather_scatter import (
     gather_samples,
@@ -134,13 +147,17 @@ def _either_partial(P: Placement) -> list[tuple[Placement, Placement]]:
 @register(aten.gather.default, cost=gather_cost, samples=gather_samples)
 @register(aten.gather.out, gaps=ALIASED_UNPRICED)
 def gather_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
-    """Equal-size dims shard together; index sharded on dim with self replicated; self Partial."""
+    """Equal-size dims shard together; index sharded on dim with self replicated; self sharded
+    on dim with the index masked (functional form only: dispatch makes the mask); self Partial."""
     self_m, index_m = metas(args)[:2]
     dim = normalize_dim(args[1], len(self_m.shape))
     rows = _shard_rows(dim, 2, self_m.shape, index_m.shape)
     if len(index_m.shape) == len(self_m.shape) and len(index_m.shape) > 0:
         S = ShardingPlaceholder(dim)
         rows.append([S, R, S])
+        masked = op == aten.gather.default and "sum" in partial_ops([self_m.dtype])
+        if masked and mask_row_pays(dim, self_m.shape, index_m.shape) and mask_row_offered():
+            rows.append(mask_row(dim, self_m.shape))
     for reduce_op in partial_ops([self_m.dtype]):
         P = Partial(reduce_op)
         rows.append([P, P, R])

@@ -17,12 +17,14 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from dtensor_rules._upstream import compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 from torch.utils import _pytree as pytree
+
+from dtensor_rules.testing.masks import Masks, is_mask, mask_inputs, mask_outputs
 
 NDPlacement = tuple[Placement, ...]  # one placement per mesh dim
 
@@ -100,7 +102,7 @@ def local_input(
     """The tensor rank ``coord`` holds for ``full`` laid out as ``placements``."""
     value = full
     for mesh_dim, p in enumerate(placements):
-        if isinstance(p, Partial):
+        if isinstance(p, Partial) and not is_mask(p):  # a masked index: moved into the rank's chunk (masks.py)
             value = split_partial(value, p.reduce_op, mesh_shape[mesh_dim], coord[mesh_dim], salt + 7 * mesh_dim)
     # keep the memory layout (a column-major weight stays column-major), as DTensor does without redistribution
     return _slice(value, placements, mesh_shape, coord).clone(memory_format=torch.preserve_format)
@@ -137,8 +139,11 @@ def check_output(
     placements: NDPlacement,
     mesh_shape: Sequence[int],
     tol_scale: float = 1.0,
+    masks: Sequence[Masks] = (),
 ) -> str | None:
-    """None if the per-rank ``locals_`` form ``truth`` laid out as ``placements``, else why not."""
+    """None if the per-rank ``locals_`` form ``truth`` laid out as ``placements``, else why not.
+
+    ``masks``: per rank, the masks its inputs' masked-partial layouts made (``run_ranks``)."""
     cs = coords(mesh_shape)
     if any(not isinstance(t, torch.Tensor) for t in locals_):
         return "a rank produced a non-tensor output"
@@ -148,9 +153,12 @@ def check_output(
     # Per element, the magnitude of what was combined: a reduction's rounding error grows with
     # the sum of |terms| (Partial contributions are large by construction), not with the result.
     mags = [t.detach().double().abs() if t.is_floating_point() else None for t in values]
+    masked: set[Placement] = set()
     for mesh_dim, p in enumerate(placements):
         if not isinstance(p, Partial):
             continue
+        if is_mask(p) and (why := mask_outputs(values, mags, p, masks, masked)) is not None:
+            return why
         groups: dict[tuple[int, ...], list[int]] = {}
         for r, c in enumerate(cs):
             groups.setdefault(c[:mesh_dim] + c[mesh_dim + 1 :], []).append(r)
@@ -240,16 +248,23 @@ def tensor_salt(salt: int, index: int) -> int:
     return random.Random(salt * 1_000_003 + index).randrange(1 << 16)
 
 
+class RankRun(NamedTuple):
+    """One rank's outputs, and the masks its masked-partial inputs made (for ``check_output``)."""
+
+    outputs: list[torch.Tensor]
+    masks: Masks
+
+
 def run_ranks(
     op: Callable[..., Any],
     sample: Sample,
     input_placements: Sequence[NDPlacement | None],
     mesh_shape: Sequence[int],
     salt: int,
-) -> list[list[torch.Tensor]] | str:
+) -> list[RankRun] | str:
     """Run ``op`` on every rank's local inputs; per-rank outputs, or the error text."""
     tensors = sample.tensors()
-    per_rank: list[list[torch.Tensor]] = []
+    per_rank: list[RankRun] = []
     for c in coords(mesh_shape):
         try:
             local = [  # cloned: a shard can be a view of the sample, which an in-place op would overwrite
@@ -257,6 +272,7 @@ def run_ranks(
                 t.new_empty(0) if pl is None else local_input(t, pl, mesh_shape, c, tensor_salt(salt, i)).clone()
                 for i, (t, pl) in enumerate(zip(tensors, input_placements))
             ]
+            masks = mask_inputs(tensors, local, input_placements, mesh_shape, c)
         except (ValueError, IndexError) as e:  # IndexError: a Shard dim past the tensor's ndim
             return f"cannot lay out inputs: {e}"
         args, kwargs = sample.replace_tensors(local)
@@ -266,5 +282,5 @@ def run_ranks(
             return f"local op failed: {type(e).__name__}: {e}"
         if outs is None:
             return "op returned no tensors"
-        per_rank.append(outs)
+        per_rank.append(RankRun(outs, masks))
     return per_rank

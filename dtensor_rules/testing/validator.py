@@ -25,6 +25,7 @@ from torch.distributed.tensor.placement_types import Partial, Placement, Replica
 
 from dtensor_rules import registry
 from dtensor_rules.testing.aliasing import Aliasing, aliasing, with_sized_outs
+from dtensor_rules.testing.masks import as_layout, is_mask
 from dtensor_rules.testing.mesh import fake_world
 from dtensor_rules.testing.query import PARTIAL_OPS, Combo, candidate_placements, emitted_combos
 from dtensor_rules.testing.simulate import NDPlacement, Sample, as_outputs, check_output, run_ranks
@@ -98,6 +99,8 @@ def _pstr(p: Placement) -> str:
         return "R"
     if isinstance(p, Shard):
         return f"S({p.dim})"
+    if is_mask(p):
+        return f"M({p.offset_dim})"
     if isinstance(p, Partial):
         return f"P({p.reduce_op})"
     return str(p)
@@ -163,10 +166,11 @@ class _Oracle:
 
     def output_ok(self, inputs: tuple[NDPlacement | None, ...], out_idx: int, placement: NDPlacement) -> bool:
         for (_, truth), per_rank in zip(self.variants, self.runs(inputs)):
-            if isinstance(per_rank, str) or len(per_rank[0]) != self.n_out:
+            if isinstance(per_rank, str) or len(per_rank[0].outputs) != self.n_out:
                 return False
-            locals_ = [outs[out_idx] for outs in per_rank]
-            if check_output(locals_, truth[out_idx], placement, self.mesh_shape, self.tol_scale) is not None:
+            locals_ = [run.outputs[out_idx] for run in per_rank]
+            masks = [run.masks for run in per_rank]
+            if check_output(locals_, truth[out_idx], placement, self.mesh_shape, self.tol_scale, masks) is not None:
                 return False
         return True
 
@@ -194,12 +198,12 @@ def _shardable(t: torch.Tensor, pl: NDPlacement, mesh_shape: Sequence[int]) -> b
 
 
 def _normalize(combo: Combo, in_shapes: Sequence[torch.Size], out_shapes: Sequence[torch.Size]) -> Combo:
-    """Shard on a size-1 dim behaves like Replicate; count them once."""
+    """Shard on a size-1 dim behaves like Replicate, upstream's masked partial like ours: count them once."""
 
     def norm(pl: NDPlacement, shape: torch.Size) -> NDPlacement:
         # a Shard dim past the tensor's ndim (a rule bug) stays as is and is judged invalid
         return tuple(
-            Replicate() if isinstance(p, Shard) and p.dim < len(shape) and shape[p.dim] == 1 else p for p in pl
+            Replicate() if isinstance(p, Shard) and p.dim < len(shape) and shape[p.dim] == 1 else as_layout(p) for p in pl
         )
 
     ins, outs = combo
@@ -308,9 +312,15 @@ def check_rule(
         mesh = init_device_mesh("cpu", mesh_shape)
         emitted = {name: _side(kf, op, sample, mesh) for name, kf in (("ours", ours_kind_fn), ("upstream", upstream_kind_fn))}
 
+    def admitted(c: Combo) -> bool:
+        return not _trivial(c, alias.out) and all(_shardable(t, pl, mesh_shape) for t, pl in zip(tensors, c[0])) and oracle.valid(c)
+
+    emitted_any = [c for combos, _ in emitted.values() for c in combos or ()]
     sampled = False
     if len(mesh_shape) == 1:
         truth = _ground_truth_1d(oracle, tensors, mesh_shape[0], partial_ops, progress)
+        # layouts no enumeration holds (a masked index): an emitted one that reproduces the truth is valid
+        truth |= {c for c in emitted_any if c not in truth and admitted(c)}
     else:
         by_size: dict[int, list[Combo]] = {}  # mesh dims of equal size share one 1-D ground truth
         for size in sorted(set(mesh_shape)):
@@ -325,12 +335,11 @@ def check_rule(
         if n_products > max_nd_combos:
             sampled = True
             candidates = random.Random(seed).sample(candidates, min(max_nd_combos, len(candidates)))
-        for combos, _ in emitted.values():
-            candidates.extend(combos or ())
+        candidates.extend(emitted_any)
         bar = _Progress(len(candidates), f"{op} on {mesh_shape}", progress)
         truth = set()
         for c in candidates:
-            if not _trivial(c, alias.out) and all(_shardable(t, pl, mesh_shape) for t, pl in zip(tensors, c[0])) and oracle.valid(c):
+            if admitted(c):
                 truth.add(c)
             bar.step()
 
