@@ -179,7 +179,9 @@ def time_pair(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], repeats: i
     live = [o for o in (True, False) if not sides[o].error]
     for _ in range(repeats):
         for ours in live:
-            _install(ours)
+            _install(ours)  # (re)installing resets process caches a real step keeps warm: one untimed call
+            _clear_all()
+            propagate(info)
             _clear_all()
             with recording_strategy_counts() as n:
                 t0 = time.perf_counter()

@@ -208,6 +208,7 @@ def priced_strategy(
     n_out: int,
     fixed: Mapping[int, int],
     allow_uneven_sharding: bool = True,
+    memo: dict[Any, float] | None = None,
 ) -> OpSpec | None:
     """The full-mesh strategy taking row ``per_dim[m]`` on mesh dim m, priced; None if unusable.
 
@@ -215,6 +216,7 @@ def priced_strategy(
     (unbacked) counts as not shardable instead of guarding; an unchanged input keeps its
     layout when the rule allows uneven shards.
     """
+    memo = {} if memo is None else memo
     width = n_out + len(inputs)
     cols = [tuple(fill(r[j]) for r in per_dim) for j in range(width)]
     if any(mixes_partials([key(p) for p in c]) for c in cols):
@@ -234,7 +236,10 @@ def priced_strategy(
             ok = all(type(p) is not Shard for p in pl) or is_tensor_shardable(
                 i.current.tensor_meta.shape, spec, allow_unbacked_sharding=False
             )
-            cost = redistribute_cost(i.current, spec) if ok else INF
+            if ok:
+                cost = _memo_cost(memo, i.current, spec)
+            else:
+                cost = INF
         if not ok:
             return None
         targets.append(spec)
@@ -243,6 +248,19 @@ def priced_strategy(
     if any(o is None for o in outs[:1]) and n_out == 1:
         return None
     return OpSpec(output_specs=outs[0] if n_out == 1 else tuple(outs), input_specs=targets, redistribute_cost=costs)
+
+
+def _memo_cost(memo: dict[Any, float], src: DTensorSpec, dst: DTensorSpec) -> float:
+    """``redistribute_cost`` once per distinct move (cat of 8 alike shards plans one); a symbolic
+    (unhashable) shape is priced directly."""
+    try:
+        memo_key = (src.placements, src.tensor_meta, dst.placements)
+        hash(memo_key)
+    except TypeError:
+        return redistribute_cost(src, dst)
+    if memo_key not in memo:
+        memo[memo_key] = redistribute_cost(src, dst)
+    return memo[memo_key]
 
 
 def compact_strategy(
@@ -264,15 +282,16 @@ def compact_strategy(
     current = tuple(tuple(key(p) for p in i.current.placements) for i in inputs)
     specs: list[OpSpec] = []
     seen: set[Any] = set()
+    memo: dict[Any, float] = {}
     for per_dim in ([chosen] if chosen is not None else []) + [[replicate] * mesh.ndim]:
         sig = tuple(tuple(key(r[j]) for r in per_dim) for j in range(n_out + len(inputs)))
         if sig in seen:
             continue
-        spec = priced_strategy(mesh, inputs, per_dim, n_out, fixed, allow_uneven_sharding)
+        spec = priced_strategy(mesh, inputs, per_dim, n_out, fixed, allow_uneven_sharding, memo)
         if spec is not None:
             seen.add(sig)
             specs.append(spec)
-            if sig[n_out:] == current or not any(c[0] for c in spec.redistribute_cost):
+            if sig[n_out:] == current or all(type(c[0]) is float and c[0] == 0.0 for c in spec.redistribute_cost):
                 break  # nothing moves, or only local moves (R -> S / P cost 0): the all-Replicate fallback cannot be cheaper
     return OpStrategy(specs) if specs else None
 
