@@ -312,3 +312,33 @@ def test_meta_fallback_wrapper_exists_only_while_installed(restore_install):
     assert "_propagate_tensor_meta_non_cached" not in vars(prop)  # fma has no fallback
     dtensor_rules.install(ops=[torch.ops.aten._grouped_mm.default])
     assert "_propagate_tensor_meta_non_cached" in vars(prop)
+
+
+def test_first_symbol_record_patch_is_applied_and_restored_exactly(restore_install):
+    """While installed, a symbolic trace keeps the first proxy recorded per symbol (tests/test_moe_compile.py
+    shows what breaks without it); uninstall puts upstream's tracker initializer back, the same object."""
+    import torch.fx.experimental.proxy_tensor as proxy_tensor
+
+    def tracker_after_two_records(x: torch.Tensor) -> bool:
+        trackers = {}
+
+        def f(t: torch.Tensor) -> torch.Tensor:
+            tracer = proxy_tensor.get_proxy_mode().tracer
+            symbol = t.shape[0].node.expr
+            tracker = tracer.sympy_expr_tracker
+            first = tracker[symbol]
+            tracker[symbol] = "a later record"
+            trackers["kept"] = tracker[symbol] is first
+            return t * 2
+
+        proxy_tensor.make_fx(f, tracing_mode="symbolic")(x)
+        return trackers["kept"]
+
+    dtensor_rules.uninstall()
+    original = proxy_tensor._init_proxy_trackers
+    assert tracker_after_two_records(torch.randn(5)) is False  # upstream: the last record wins
+    dtensor_rules.install()
+    assert proxy_tensor._init_proxy_trackers is not original
+    assert tracker_after_two_records(torch.randn(5)) is True
+    dtensor_rules.uninstall()
+    assert proxy_tensor._init_proxy_trackers is original

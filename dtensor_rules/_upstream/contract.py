@@ -104,4 +104,8 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement("torch._subclasses.fake_tensor", "DynamicOutputShapeException"),
     Requirement("torch._inductor.inductor_prims", "fma", why="defines torch.ops.prims.fma"),
     Requirement(f"{_T}._ops._pointwise_ops", "register_inductor_prims", why="on_prims_fma_defined: lazy fma rule"),
+    Requirement("torch.fx.experimental.proxy_tensor", "_init_proxy_trackers", params=("tracer",),
+                why="tracing.keep_first_symbol_record: compiled DTensor code without a proxy cycle"),
+    Requirement("torch.fx.experimental.proxy_tensor", "PythonKeyTracer", attrs=("sympy_expr_tracker",),
+                why="tracing.keep_first_symbol_record"),
 )

@@ -1,6 +1,8 @@
-"""Op-family rule modules. Importing this package registers every shipped rule."""
+"""Op-family rule modules. Importing this package registers every shipped rule (and
+``_symbolic_tracing``'s patch, which compiled code needs whichever rule is active)."""
 
 from dtensor_rules.ops import (  # noqa: F401
+    _symbolic_tracing,
     counting,
     fma,
     gather_scatter,

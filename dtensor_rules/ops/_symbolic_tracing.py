@@ -1,0 +1,15 @@
+"""Compiled DTensor code traces without a proxy cycle: the ``first_symbol_record`` patch.
+
+Not an op rule: AOTAutograd's tracer can loop forever on sizes that DTensor's sharding
+propagation recomputes (``_upstream/tracing.py`` explains the defect and why keeping the first
+record is correct). Without it the MoE block of :mod:`dtensor_rules.models` under
+``torch.compile(dynamic=True)`` fails with ``RecursionError`` on torch 2.13 and 2.14, with our
+rules or upstream's; ``tests/test_moe_compile.py`` is the proof.
+"""
+
+from __future__ import annotations
+
+from dtensor_rules._upstream import keep_first_symbol_record, restore_symbol_record
+from dtensor_rules.registry import register_patch
+
+register_patch("first_symbol_record", keep_first_symbol_record, restore_symbol_record)
