@@ -116,6 +116,9 @@ def test_real_fake_and_meta_give_the_same_shape_costs(kind: str) -> None:
         (aten._to_copy.default, (torch.randn(4, 5),), {"dtype": torch.bfloat16}, (0, 80, 40, "copy")),
         (aten.copy_.default, (torch.empty(4, 5), torch.randn(5)), {}, (0, 20, 80, "copy")),
         (aten.clone.default, (torch.randn(4, 5),), {}, (0, 80, 80, "copy")),
+        # a view's backward reads the gradient and writes zeros of the input's shape around it
+        (aten.select_backward.default, (torch.randn(4), [4, 2], 1, 0), {}, (0, 16, 32, "copy")),
+        (aten.slice_backward.default, (torch.randn(2, 5), [4, 5], 0, 1, 3, 1), {}, (0, 40, 80, "copy")),
         # tagged pointwise, any dtype
         (aten.clamp_min.default, (torch.randn(4, 5), 0.0), {}, (20, 80, 80, "pointwise")),
         (aten.silu_backward.default, (torch.randn(4, 5), torch.randn(4, 5)), {}, (20, 160, 80, "pointwise")),

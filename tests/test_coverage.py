@@ -108,12 +108,11 @@ traced: the demo's MoE block (dim 32, hidden 64, 4 experts top-2, 1 shared, perm
         self.assertExpectedInline(rows, """\
 aten._grouped_mm.default  9  ours
 aten._to_copy.default  9  upstream
-aten.add.Tensor  8  upstream
-aten.cat.default  1  ours
+aten.add.Tensor  9  upstream
+aten.cat.default  3  ours
 aten.cumsum.default  1  ours
 aten.detach.default  2  ours
 aten.div.Tensor  4  upstream
-aten.div.Tensor_mode  1  upstream
 aten.expand.default  2  upstream
 aten.full_like.default  1  upstream
 aten.gather.default  2  ours
@@ -127,12 +126,15 @@ aten.neg.default  1  upstream
 aten.new_full.default  1  upstream
 aten.new_zeros.default  7  upstream
 aten.ones_like.default  1  upstream
+aten.remainder.Scalar  1  upstream
 aten.scatter_add.default  2  ours
+aten.select.int  4  upstream
+aten.select_backward.default  2  upstream
 aten.sigmoid.default  1  upstream
 aten.sigmoid_backward.default  1  upstream
 aten.silu.default  2  upstream
 aten.silu_backward.default  2  upstream
-aten.slice.Tensor  2  upstream
+aten.slice.Tensor  4  upstream
 aten.sort.stable  1  upstream
 aten.squeeze.dim  1  upstream
 aten.sub.Tensor  1  upstream
@@ -141,7 +143,6 @@ aten.t.default  20  upstream
 aten.topk.default  1  ours
 aten.transpose.int  6  upstream
 aten.unsqueeze.default  2  upstream
-aten.view.default  7  upstream
 aten.where.self  1  upstream
 dtensor_rules.moe_permute_indices.default  1  ours""")
         out = io.StringIO()

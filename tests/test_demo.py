@@ -156,8 +156,7 @@ path                   phase     collective      calls  bytes
 expert parallel        forward   all_to_all          3  17184
 expert parallel        backward  all_reduce          2   4488
 expert parallel        backward  all_to_all          2  17152
-shard_moe gather path  forward   all_gather          8  68688
-shard_moe gather path  forward   all_reduce          1     16
+shard_moe gather path  forward   all_gather          9  67632
 shard_moe gather path  backward  all_gather          4  57600
 shard_moe gather path  backward  reduce_scatter      2   4896
 

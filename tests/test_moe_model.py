@@ -93,7 +93,7 @@ def test_padded_layout_is_aligned_and_complete() -> None:
     starts = torch.cat([offs.new_zeros(1), offs[:-1]]).long()
     assert all(int(s) % A == 0 for s in starts)
     assert len(set(dest.tolist())) == dest.numel()  # no two assignments share a row
-    experts = idx.reshape(-1)[order]
+    experts = model.flat_assignments(idx)[order]
     for row, e in zip(dest.tolist(), experts.tolist()):
         assert int(starts[e]) <= row < int(offs[e])  # each assignment lands in its expert's group
 
@@ -242,6 +242,24 @@ def test_sharded_kernel_impl_uneven_tokens_matches_single_device_simulated_2x2()
     x = tokens(torch.float32, (22, CONFIG.dim))
     cot = tokens(torch.float32, (22, CONFIG.dim), seed=7)
     want = value_and_grads(make(torch.float32), x)  # the torch permute, one device
+    with simulated_mesh((2, 2), names=("ep", "tp")) as mesh:
+        got = _sharded_run(model, x, cot, mesh)
+    _assert_matches(got, want, torch.float32)
+
+
+@pytest.mark.parametrize("n_tokens", [33, 5, 1])
+def test_sharded_uneven_token_counts_match_single_device_simulated_2x2(n_tokens: int) -> None:
+    """Token counts the 'ep' ranks cannot split evenly (17/16, 3/2, 1/0 tokens), as MoE batches are.
+
+    Before ``MoE.flat_assignments`` the block raised "Cannot flatten unevenly sharded tensor"
+    here (upstream's view rule), so only token counts divisible by the 'ep' size ran.
+    """
+    from dtensor_rules.testing import simulated_mesh
+
+    model = make(torch.float32)
+    x = tokens(torch.float32, (n_tokens, CONFIG.dim))
+    cot = tokens(torch.float32, (n_tokens, CONFIG.dim), seed=7)
+    want = value_and_grads(model, x)
     with simulated_mesh((2, 2), names=("ep", "tp")) as mesh:
         got = _sharded_run(model, x, cot, mesh)
     _assert_matches(got, want, torch.float32)

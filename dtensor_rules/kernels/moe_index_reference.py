@@ -42,14 +42,18 @@ def check_static_args(
     max_len: int,
     alignment: int,
 ) -> None:
-    """Raise ``ValueError`` naming the problem for anything wrong that is known without the data."""
+    """Raise ``ValueError`` naming the problem for anything wrong that is known without the data.
+
+    A bound on a symbolic size (under dynamic-shape tracing ``max_len`` is derived from a token
+    count, unbacked when the count is data-dependent) becomes a runtime check of the compiled
+    graph instead: asking ``max_len < 0`` of an unbacked size would fail the trace.
+    """
     for name, value, low in (("experts_per_rank", experts_per_rank, 1), ("num_ranks", num_ranks, 1),
                              ("alignment", alignment, 1), ("max_len", max_len, 0)):
-        # SymInt: under dynamic-shape tracing max_len is often derived from a token count
-        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or value < low:
+        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
             raise ValueError(f"moe_permute_indices: {name} must be an int >= {low}, got {value!r}")
-    if max_len > _INT32_MAX:
-        raise ValueError(f"moe_permute_indices: max_len={max_len} does not fit the int32 index output")
+        _check_bound(value >= low, f"moe_permute_indices: {name} must be an int >= {low}, got {value!r}")
+    _check_bound(max_len <= _INT32_MAX, f"moe_permute_indices: max_len={max_len} does not fit the int32 index output")
     if counts_dtype not in COUNT_DTYPES:
         raise ValueError(
             f"moe_permute_indices: tokens_per_expert_group must be int32 or int64, got {counts_dtype}; "
@@ -62,6 +66,14 @@ def check_static_args(
             f"({expected},) for num_ranks={num_ranks}, experts_per_rank={experts_per_rank}; got "
             f"{tuple(counts_shape)}"
         )
+
+
+def _check_bound(holds: bool | torch.SymBool, message: str) -> None:
+    """``ValueError(message)`` now if a concrete bound fails; a symbolic one is checked at run time."""
+    if isinstance(holds, torch.SymBool):
+        torch._check(holds, lambda: message)  # no guard: a deferred runtime assert for unbacked sizes
+    elif not holds:
+        raise ValueError(message)
 
 
 def permuted_length_bound(num_tokens: int, experts_per_rank: int, alignment: int) -> int:

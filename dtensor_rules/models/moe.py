@@ -133,14 +133,15 @@ class MoE(nn.Module):
     def dispatch(self, idx: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Expert ids (T, k) -> (order (T*k,), dest (T*k,), offs (E,) int32).
 
-        ``order`` lists the flat assignments (t*k + j) sorted by expert; the i-th of them
-        goes to row ``dest[i]`` of the padded buffer; ``offs`` are the group ends.
+        ``order`` lists the flat assignments (:meth:`flat_assignments`: slot-major, ``j*T + t``)
+        sorted by expert; the i-th of them goes to row ``dest[i]`` of the padded buffer; ``offs``
+        are the group ends.
         """
         c = self.config
         E, A = c.n_experts, self.alignment(dtype)
         n = idx.numel()
         L = self.buffer_len(idx.shape[0], dtype)
-        flat = idx.reshape(-1)
+        flat = self.flat_assignments(idx)
         order = torch.argsort(flat, stable=True)
         counts = torch.histc(flat.float(), bins=E, min=0, max=E - 1).to(torch.int64)
         if c.permute_impl == "kernel":
@@ -152,6 +153,21 @@ class MoE(nn.Module):
         position = torch.cumsum(torch.ones_like(order), 0) - 1  # 0..n-1 without arange
         dest = position + shift[sorted_expert]
         return order, dest, self._offsets(ends, L)
+
+    @staticmethod
+    def flat_assignments(per_token: torch.Tensor) -> torch.Tensor:
+        """(T, k) -> (k*T,), slot-major: assignment ``j*T + t`` is token t's j-th expert.
+
+        Why not ``per_token.reshape(-1)`` (token-major): with tokens sharded over ranks, that
+        flatten is a view DTensor refuses unless every rank holds as many tokens as the others
+        ("Cannot flatten unevenly sharded tensor"), and under ``torch.compile`` with an unbacked
+        token count it cannot tell. ``per_token.t().reshape(-1)`` runs eagerly but needs a
+        symbolic ``_StridedShard`` under compile; ``torch.cat(per_token.unbind(1))`` meets
+        upstream's unbind rule, which raises (rather than asking for a redistribution) when a
+        solver offers it input sharded on dim 1. Concatenating the k selected columns works for
+        any token count, eager or compiled (``tests/test_moe_compile.py``).
+        """
+        return torch.cat([per_token[:, j] for j in range(per_token.shape[1])])
 
     @staticmethod
     def _offsets(ends: torch.Tensor, L: int) -> torch.Tensor:
@@ -198,23 +214,25 @@ class MoE(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, self.config.dim)
+        # (T, dim) stays as it is: even a no-op reshape of a token-sharded DTensor is refused
+        # when the token count is unbacked under torch.compile (see flat_assignments)
+        flat_tokens = x.ndim != 2
+        x2 = x.reshape(-1, self.config.dim) if flat_tokens else x
         idx, weights = self.route(x2)
         region = self.routed_region or MoE.routed_experts
-        routed = region(self, x2, idx, weights)
-        return (routed + self.shared(x2)).reshape(shape)
+        out = region(self, x2, idx, weights) + self.shared(x2)
+        return out.reshape(x.shape) if flat_tokens else out
 
     def routed_experts(self, x2: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Routed-expert output (T, dim): permute, pad, grouped SwiGLU, weighted combine."""
         c = self.config
-        T, k = x2.shape[0], c.top_k
+        T = x2.shape[0]
         gdt = c.gmm_dtype or x2.dtype
         order, dest, offs = self.dispatch(idx, gdt)
-        token = torch.div(order, k, rounding_mode="floor")  # not `//`: aten.floor_divide has no rule
+        token = torch.remainder(order, T)  # assignment j*T + t belongs to token t (flat_assignments)
         x_pad = x2.new_zeros(self.buffer_len(T, gdt), c.dim).index_put((dest,), x2[token])
         out_pad = self.experts(x_pad, offs).to(x2.dtype)
-        contrib = out_pad[dest] * weights.reshape(-1)[order].unsqueeze(-1)
+        contrib = out_pad[dest] * self.flat_assignments(weights)[order].unsqueeze(-1)
         return x2.new_zeros(T, c.dim).scatter_add(0, token.unsqueeze(-1).expand(-1, c.dim), contrib)
 
 

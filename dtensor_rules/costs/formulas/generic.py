@@ -10,7 +10,9 @@ factory        ``new_*``, ``*_like``, ``zeros/ones/full/empty/...``,   0        
                ``fill_``, ``zero_``: the input gives only metadata                  than ``self``        (``empty*``: 0)
 copy           ``_to_copy``, ``clone``, ``copy(_)``, ``contiguous``,  0             inputs (``copy_``:   outputs
                ``torch.Tag.view_copy`` ops: data movement, dtype                    not ``self``)
-               conversion included
+               conversion included; the backward of a view
+               (``select_backward``, ``slice_backward``, ...): the
+               gradient written into zeros of the input's shape
 pointwise      ``torch.Tag.pointwise``                                1 per output  inputs               outputs
 reduction      ``torch.Tag.reduction`` or a known reduction name      1 per input   inputs               outputs
 pointwise      an aten op without the tag whose every output has the  1 per output  inputs               outputs
@@ -46,6 +48,7 @@ FACTORIES = frozenset(
 )
 EMPTY = frozenset({"empty", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided", "empty_like"})
 COPIES = frozenset({"_to_copy", "clone", "copy", "copy_", "contiguous", "lift_fresh_copy", "_copy_from"})
+VIEW_BACKWARDS = frozenset({"select_backward", "slice_backward", "diagonal_backward"})
 _INFERRED_NOTE = "no pointwise tag: assumed elementwise (outputs have the broadcast shape of the inputs)"
 
 
@@ -89,7 +92,7 @@ def family(op: OpOverload, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | 
         return "view"
     if name in FACTORIES or name.startswith("new_") or name.endswith("_like"):
         return "factory"
-    if name in COPIES or torch.Tag.view_copy in op.tags:
+    if name in COPIES or name in VIEW_BACKWARDS or torch.Tag.view_copy in op.tags:
         return "copy"
     if torch.Tag.pointwise in op.tags:
         return "pointwise"
