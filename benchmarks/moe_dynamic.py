@@ -3,15 +3,29 @@
 Twenty forward+backward steps of the sharded MoE block (``dtensor_rules.models``) where
 every step routes differently (new tokens, so different tokens per expert) and the batch
 size changes (so DTensor's sharding caches miss on each new shape, as they do in real MoE
-training). The same 20 steps run with our rules installed, then with upstream's, in the same
-process (simulated 2x2 mesh) or the same gloo world (4 real ranks).
+training). Both sides run exactly the same steps on the same inputs (seeded per step).
 
-Reported: the median per-step time ratio ours/upstream over each batch size's FIRST
-occurrence (cache misses: the unfavourable case) and over the repeats (warm caches).
-Experts compute in bf16 (upstream's ``_grouped_mm`` meta kernel needs it).
+Fairness: every loop (one side, all steps) runs in a FRESH process (simulated 2x2 mesh) or a
+fresh gloo world (4 real ranks), so no cache, lazy import or allocator state carries over
+from one loop to the next, and each loop first takes one untimed step on a batch size the
+loop never uses (process-wide first-use costs are paid there, equally by both sides). Each
+process uses one intra-op thread (on a 2-core shared machine more only add contention). The
+loops run in ABBA order -- ours, upstream, upstream, ours, and again for ``--repeats 4`` (the
+default; each side runs first in half of the pairs) -- so neither side is favoured
+by running first or by a drift in the shared machine's load. A step's time on a side is its
+fastest over that side's repeats (other jobs only ever add time; every repeat is a fresh
+process, so each repeat's first occurrences are real cache misses); the per-repeat medians
+(r-th loop of each side paired) are printed too, to show the run-to-run spread. Wall time is
+the headline; this process's CPU time is printed beside it (less sensitive to other jobs).
+In gloo mode a step takes its slowest rank's time.
 
-    python benchmarks/moe_dynamic.py                 # simulated 2x2 and gloo 4 ranks
-    python benchmarks/moe_dynamic.py --mode simulated --steps 10
+Reported: the median per-step ratio ours/upstream over each batch size's FIRST occurrence
+(cache misses: the unfavourable case; the max is printed as well) and over the repeats of a
+batch size (warm caches). Experts compute in bf16 (upstream's ``_grouped_mm`` meta kernel
+needs it).
+
+    python benchmarks/moe_dynamic.py                 # simulated 2x2 and gloo 4 ranks, 20 steps, 4 loops per side
+    python benchmarks/moe_dynamic.py --mode simulated --steps 10 --repeats 4
     python benchmarks/moe_dynamic.py --json
 """
 
@@ -33,7 +47,8 @@ WARMUP_TOKENS = 36  # not in BATCHES: every timed shape's first occurrence is st
 class Step(NamedTuple):
     tokens: int
     first: bool  # first occurrence of this batch size in the loop
-    seconds: float
+    seconds: float  # wall
+    cpu: float  # this process's CPU time (less sensitive to other jobs on a shared machine)
 
 
 def _model() -> Any:
@@ -62,82 +77,135 @@ def loop(mesh: Any, steps: int) -> list[Step]:
         tokens = BATCHES[i % len(BATCHES)]
         gen = torch.Generator().manual_seed(1000 + i)  # new tokens every step: new routing
         x = distribute_tensor(torch.randn(tokens, 64, generator=gen), mesh, (Shard(0), Replicate()))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         model(x).float().pow(2).mean().backward()
-        out.append(Step(tokens, tokens not in seen, time.perf_counter() - t0))
+        out.append(Step(tokens, tokens not in seen, time.perf_counter() - t0, time.process_time() - c0))
         seen.add(tokens)
         model.zero_grad(set_to_none=True)
     return out
 
 
-def both_sides(mesh: Any, steps: int) -> dict[str, list[Step]]:
+SIDES = ("ours", "upstream")
+
+
+def order(repeats: int) -> list[str]:
+    """ABBA...: ours, upstream, upstream, ours, ours, upstream, ..."""
+    return [side for r in range(repeats) for side in (SIDES if r % 2 == 0 else SIDES[::-1])]
+
+
+def side_loop(side: str, mesh: Any, steps: int) -> list[Step]:
+    """``loop`` with ``side``'s rules active (a fresh process: nothing cached yet either way)."""
     import dtensor_rules
 
     from dtensor_rules._upstream import clear_sharding_caches
 
-    dtensor_rules.install()  # (clears DTensor's sharding caches)
-    ours = loop(mesh, steps)
-    dtensor_rules.uninstall()  # (clears them again: upstream starts as cold as ours did)
-    try:
+    torch.set_num_threads(1)  # 2 shared cores: intra-op threads only add contention (4 gloo ranks)
+    if side == "ours":
+        dtensor_rules.install()  # (clears DTensor's sharding caches)
+    else:
+        dtensor_rules.uninstall()
         clear_sharding_caches()
-        upstream = loop(mesh, steps)
-    finally:
-        dtensor_rules.install()
-    return {"ours": ours, "upstream": upstream}
+    return loop(mesh, steps)
 
 
-def _gloo_rank(rank: int, world: int, steps: int) -> dict[str, list[Step]]:
+def _simulated_process(side: str, steps: int) -> list[Step]:
+    from dtensor_rules.testing import simulated_mesh
+
+    with simulated_mesh((2, 2), names=("ep", "tp")) as mesh:
+        return side_loop(side, mesh, steps)
+
+
+def _gloo_rank(rank: int, world: int, side: str, steps: int) -> list[Step]:
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("ep", "tp"))
-    return both_sides(mesh, steps)
+    return side_loop(side, mesh, steps)
 
 
-def ratios(sides: dict[str, list[Step]]) -> dict[str, Any]:
-    """Median ours/upstream per-step ratio over first occurrences and over warm repeats."""
-    pairs = list(zip(sides["ours"], sides["upstream"]))
-    first = [o.seconds / u.seconds for o, u in pairs if o.first]
-    warm = [o.seconds / u.seconds for o, u in pairs if not o.first]
-    return {
-        "first_occurrence_median": statistics.median(first),
-        "first_occurrence_max": max(first),
-        "warm_median": statistics.median(warm) if warm else None,
-        "ours_total_s": sum(s.seconds for s in sides["ours"]),
-        "upstream_total_s": sum(s.seconds for s in sides["upstream"]),
-    }
+def run_side(mode: str, side: str, steps: int) -> list[Step]:
+    """One loop of ``side`` in a fresh process (simulated) or a fresh 4-rank gloo world."""
+    if mode == "simulated":
+        with torch.multiprocessing.get_context("spawn").Pool(1) as pool:
+            return pool.apply(_simulated_process, (side, steps))
+    from dtensor_rules.testing import run_gloo
+
+    per_rank = run_gloo(_gloo_rank, 4, side, steps, timeout=3600)
+    # a step is as slow as its slowest rank
+    return [Step(s[0].tokens, s[0].first, max(x.seconds for x in s), max(x.cpu for x in s)) for s in zip(*per_rank)]
+
+
+def measure(mode: str, steps: int, repeats: int) -> dict[str, list[list[Step]]]:
+    """``repeats`` loops per side, in ABBA order: {side: [loop, ...]}."""
+    runs: dict[str, list[list[Step]]] = {side: [] for side in SIDES}
+    for side in order(repeats):
+        runs[side].append(run_side(mode, side, steps))
+    return runs
+
+
+def _ratios(ours: list[Step], upstream: list[Step], clock: str) -> tuple[list[float], list[float]]:
+    """Per-step ours/upstream ratios of ``clock`` ("seconds" or "cpu"): (first occurrences, warm)."""
+    pairs = [(o.first, getattr(o, clock) / getattr(u, clock)) for o, u in zip(ours, upstream)]
+    return [r for first, r in pairs if first], [r for first, r in pairs if not first]
+
+
+def _fastest(loops: list[list[Step]]) -> list[Step]:
+    """Per step, the fastest of the repeats (wall and CPU separately): load only adds time."""
+    return [Step(s[0].tokens, s[0].first, min(x.seconds for x in s), min(x.cpu for x in s)) for s in zip(*loops)]
+
+
+def ratios(runs: dict[str, list[list[Step]]]) -> dict[str, Any]:
+    """Median ours/upstream per-step ratio over first occurrences and over warm repeats.
+
+    A step's time on a side is its fastest over that side's repeats (every repeat is a fresh
+    process, so each one's first occurrences are real cache misses); per-repeat medians pair
+    the r-th loop of each side (r even: ours ran first, r odd: upstream did).
+    """
+    out: dict[str, Any] = {}
+    for clock, label in (("seconds", ""), ("cpu", "cpu_")):
+        first, warm = _ratios(_fastest(runs["ours"]), _fastest(runs["upstream"]), clock)
+        per_repeat = [_ratios(o, u, clock) for o, u in zip(runs["ours"], runs["upstream"])]
+        out |= {
+            f"{label}first_occurrence_median": statistics.median(first),
+            f"{label}first_occurrence_max": max(first),
+            f"{label}warm_median": statistics.median(warm) if warm else None,
+            f"{label}per_repeat_first_median": [statistics.median(f) for f, _ in per_repeat],
+            f"{label}per_repeat_warm_median": [statistics.median(w) if w else None for _, w in per_repeat],
+        }
+    for side in SIDES:
+        out[f"{side}_median_loop_s"] = statistics.median(sum(s.seconds for s in loop) for loop in runs[side])
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mode", choices=("simulated", "gloo", "both"), default="both")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=4, help="loops per side, ABBA order (default 4)")
     ap.add_argument("--json", action="store_true", help="print one JSON document")
     args = ap.parse_args(argv)
+    modes = {"simulated": "simulated 2x2", "gloo": "gloo 4 ranks (2x2)"}
     results: dict[str, Any] = {}
-    if args.mode in ("simulated", "both"):
-        from dtensor_rules.testing import simulated_mesh
-
-        with simulated_mesh((2, 2), names=("ep", "tp")) as mesh:
-            sides = both_sides(mesh, args.steps)
-        results["simulated 2x2"] = {"steps": {k: [s._asdict() for s in v] for k, v in sides.items()}, **ratios(sides)}
-    if args.mode in ("gloo", "both"):
-        from dtensor_rules.testing import run_gloo
-
-        per_rank = run_gloo(_gloo_rank, 4, args.steps, timeout=3600)
-        # a step is as slow as its slowest rank
-        sides = {k: [Step(s[0].tokens, s[0].first, max(x.seconds for x in s)) for s in zip(*(r[k] for r in per_rank))]
-                 for k in ("ours", "upstream")}
-        results["gloo 4 ranks (2x2)"] = {"steps": {k: [s._asdict() for s in v] for k, v in sides.items()}, **ratios(sides)}
+    for mode, name in modes.items():
+        if args.mode in (mode, "both"):
+            runs = measure(mode, args.steps, args.repeats)
+            results[name] = {"runs": {k: [[s._asdict() for s in loop] for loop in v] for k, v in runs.items()},
+                             **ratios(runs)}
     if args.json:
-        print(json.dumps({"torch": torch.__version__, "batches": BATCHES, "results": results}, indent=1))
+        print(json.dumps({"torch": torch.__version__, "batches": BATCHES, "order": order(args.repeats),
+                          "results": results}, indent=1))
         return 0
-    print(f"torch {torch.__version__}; {args.steps} steps, batch sizes cycling {BATCHES}; ratio = ours / upstream\n")
-    print("| setting | first occurrence of a shape: median (max) | warm: median | total ours s | total upstream s |")
-    print("|---|---|---|---|---|")
+    print(f"torch {torch.__version__}; {args.steps} steps, batch sizes cycling {BATCHES}; each loop in a fresh "
+          f"process, order {' '.join(order(args.repeats))}; ratio = ours / upstream of each step's fastest repeat\n")
+    print("| setting | clock | first occurrence of a shape: median (max) | warm: median | per repeat: first / warm medians "
+          "| median loop ours s | median loop upstream s |")
+    print("|---|---|---|---|---|---|---|")
     for name, r in results.items():
-        warm = "-" if r["warm_median"] is None else f"{r['warm_median']:.2f}x"
-        print(f"| {name} | {r['first_occurrence_median']:.2f}x ({r['first_occurrence_max']:.2f}x) | {warm} | "
-              f"{r['ours_total_s']:.1f} | {r['upstream_total_s']:.1f} |")
+        for clock, label in (("wall", ""), ("cpu", "cpu_")):
+            warm = "-" if r[f"{label}warm_median"] is None else f"{r[f'{label}warm_median']:.2f}x"
+            reps = ", ".join(f"{f:.2f}x / " + ("-" if w is None else f"{w:.2f}x")
+                             for f, w in zip(r[f"{label}per_repeat_first_median"], r[f"{label}per_repeat_warm_median"]))
+            print(f"| {name} | {clock} | {r[f'{label}first_occurrence_median']:.2f}x ({r[f'{label}first_occurrence_max']:.2f}x) "
+                  f"| {warm} | {reps} | {r['ours_median_loop_s']:.1f} | {r['upstream_median_loop_s']:.1f} |")
     return 0
 
 
