@@ -16,7 +16,7 @@ Partial placements with the default shard order. Otherwise (a solver's candidate
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
@@ -175,30 +175,64 @@ def greedy_rows(
 
     ``fixed`` maps an input that is written into (``out=``, in-place self) to its output: its
     row placement must equal its current one and the output's.
+
+    The first row of least cost wins (all-Replicate, then the rule's order). A row's score stops
+    accumulating once it cannot beat the best so far, and a mesh dim stops at a row that moves
+    nothing (no later row can be cheaper), so dispatch rarely scores every row of every input.
     """
     picked: list[Row] = []
-    picked_keys: list[list[Key]] = []
     replicate: Row = [Replicate()] * (n_out + len(inputs))
-    keys_of: dict[int, list[Key]] = {}  # rows are often the same (cached) objects on every mesh dim
+    # per row (often the same cached objects on every mesh dim): its input keys and Partial columns
+    facts_of: dict[int, tuple[list[Key], list[Key], tuple[tuple[int, Any], ...]]] = {}
+    partial_ops_of: dict[int, set[Any]] = {}  # column -> reduce ops the picked rows put there
+    nbytes = [i.nbytes for i in inputs]
+    integral = [i.integral for i in inputs]
+    n_in = len(inputs)
     for m in range(ndim):
         current = [key(i.current.placements[m]) for i in inputs]
-        best, best_cost, best_keys = None, INF, None
-        for row in [replicate, *dispatch_rows(current)]:  # first of equal costs wins: R, then the rule's order
-            keys = keys_of.get(id(row))
-            if keys is None:
-                keys = keys_of[id(row)] = [key(p) for p in row]
-            if any(keys[n_out + i] != current[i] or keys[o] != current[i] for i, o in fixed.items()):
+        best, best_cost, best_partials = None, INF, ()
+        for row in _candidates(replicate, dispatch_rows, current):
+            facts = facts_of.get(id(row))
+            if facts is None:
+                keys = [key(p) for p in row]
+                facts = facts_of[id(row)] = (keys, keys[n_out:], tuple((j, k[1]) for j, k in enumerate(keys) if k[0] == "P"))
+            keys, targets, partials = facts
+            if fixed and any(targets[i] != current[i] or keys[o] != current[i] for i, o in fixed.items()):
                 continue
-            if picked and any(mixes_partials([k[j] for k in picked_keys] + [keys[j]]) for j in range(len(keys))):
+            cost = 0.0
+            for i in range(n_in):
+                if targets[i] != current[i]:
+                    cost += transition_weight(current[i], targets[i], integral[i]) * nbytes[i]
+                    if best is not None and cost >= best_cost:
+                        break
+            if best is not None and not cost < best_cost:
                 continue
-            cost = sum(transition_weight(c, t, i.integral) * i.nbytes for c, t, i in zip(current, keys[n_out:], inputs))
-            if best is None or cost < best_cost:
-                best, best_cost, best_keys = row, cost, keys
-        if best is None or best_keys is None:
+            if partial_ops_of and any(_mixes(partial_ops_of.get(j), op) for j, op in partials):
+                continue
+            best, best_cost, best_partials = row, cost, partials
+            if cost == 0.0:
+                break  # no row is cheaper than moving nothing (the first such row wins)
+        if best is None:
             return None
         picked.append(best)
-        picked_keys.append(best_keys)
+        for j, op in best_partials:
+            partial_ops_of.setdefault(j, set()).add(op)
     return picked
+
+
+def _candidates(replicate: Row, dispatch_rows: Callable[[Sequence[Key]], Sequence[Row]], current: list[Key]) -> Iterator[Row]:
+    """All-Replicate, then the rule's rows: asked for only if all-Replicate moves something."""
+    yield replicate
+    yield from dispatch_rows(current)
+
+
+def _mixes(ops: set[Any] | None, op: Any) -> bool:
+    """Adding Partial(``op``) to a column already Partial over ``ops`` mixes reduce ops (see
+    :func:`mixes_partials`)."""
+    if not ops or op in ops and len(ops) == 1:
+        return False
+    both = ops | {op}
+    return len(both) > 1 and both != {"sum", "avg"}
 
 
 def priced_strategy(
@@ -208,7 +242,7 @@ def priced_strategy(
     n_out: int,
     fixed: Mapping[int, int],
     allow_uneven_sharding: bool = True,
-    memo: dict[Any, float] | None = None,
+    memo: dict[Any, Any] | None = None,
 ) -> OpSpec | None:
     """The full-mesh strategy taking row ``per_dim[m]`` on mesh dim m, priced; None if unusable.
 
@@ -224,7 +258,9 @@ def priced_strategy(
     targets = []
     costs = []
     for idx, (i, pl) in enumerate(zip(inputs, cols[n_out:])):
-        unchanged = tuple(map(key, pl)) == tuple(map(key, i.current.placements))
+        current_keys = tuple(map(key, i.current.placements))
+        target_keys = tuple(map(key, pl))
+        unchanged = target_keys == current_keys
         if idx in fixed and not unchanged:
             return None
         if unchanged:  # its own layout: no move, cost 0 (shardable unless the rule wants even shards)
@@ -232,14 +268,7 @@ def priced_strategy(
             ok = allow_uneven_sharding or is_tensor_shardable(i.current.tensor_meta.shape, spec, allow_unbacked_sharding=False)
             cost = 0.0
         else:
-            spec = DTensorSpec(mesh, pl, tensor_meta=i.current.tensor_meta)
-            ok = all(type(p) is not Shard for p in pl) or is_tensor_shardable(
-                i.current.tensor_meta.shape, spec, allow_unbacked_sharding=False
-            )
-            if ok:
-                cost = _memo_cost(memo, i.current, spec)
-            else:
-                cost = INF
+            spec, ok, cost = _memo_move(memo, mesh, i.current, current_keys, pl, target_keys)
         if not ok:
             return None
         targets.append(spec)
@@ -250,17 +279,27 @@ def priced_strategy(
     return OpSpec(output_specs=outs[0] if n_out == 1 else tuple(outs), input_specs=targets, redistribute_cost=costs)
 
 
-def _memo_cost(memo: dict[Any, float], src: DTensorSpec, dst: DTensorSpec) -> float:
-    """``redistribute_cost`` once per distinct move (cat of 8 alike shards plans one); a symbolic
-    (unhashable) shape is priced directly."""
+def _memo_move(
+    memo: dict[Any, Any], mesh: Any, src: DTensorSpec, src_keys: Key, pl: tuple[Any, ...], dst_keys: Key
+) -> tuple[DTensorSpec, bool, float]:
+    """An input's move to placements ``pl``: (target spec, shardable, redistribute cost), worked
+    out once per distinct (source layout, tensor meta, target layout) and shared — a cat of 8
+    alike shards builds one target spec and plans one redistribution. A symbolic (unhashable)
+    shape is worked out each time."""
+    meta = src.tensor_meta
     try:
-        memo_key = (src.placements, src.tensor_meta, dst.placements)
+        memo_key = (src_keys, meta, dst_keys)
         hash(memo_key)
     except TypeError:
-        return redistribute_cost(src, dst)
-    if memo_key not in memo:
-        memo[memo_key] = redistribute_cost(src, dst)
-    return memo[memo_key]
+        memo_key = None
+    if memo_key is not None and memo_key in memo:
+        return memo[memo_key]
+    spec = DTensorSpec(mesh, pl, tensor_meta=meta)
+    ok = all(type(p) is not Shard for p in pl) or is_tensor_shardable(meta.shape, spec, allow_unbacked_sharding=False)
+    move = (spec, ok, redistribute_cost(src, spec) if ok else INF)
+    if memo_key is not None:
+        memo[memo_key] = move
+    return move
 
 
 def compact_strategy(
@@ -282,7 +321,7 @@ def compact_strategy(
     current = tuple(tuple(key(p) for p in i.current.placements) for i in inputs)
     specs: list[OpSpec] = []
     seen: set[Any] = set()
-    memo: dict[Any, float] = {}
+    memo: dict[Any, Any] = {}
     for per_dim in ([chosen] if chosen is not None else []) + [[replicate] * mesh.ndim]:
         sig = tuple(tuple(key(r[j]) for r in per_dim) for j in range(n_out + len(inputs)))
         if sig in seen:

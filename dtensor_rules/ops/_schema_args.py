@@ -7,9 +7,11 @@ them by position only (as several upstream rules do) silently uses the wrong val
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
 from torch._ops import OpOverload
 from dtensor_rules._upstream import TensorMeta
 from torch.utils._pytree import tree_leaves
@@ -34,15 +36,34 @@ def _is_meta(x: Any) -> bool:
     return isinstance(x, TensorMeta)
 
 
+# argument values that are never containers (pytree leaves) and never a TensorMeta
+_PLAIN_VALUES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def _n_metas(value: Any) -> int:
+    """How many TensorMeta leaves ``value`` holds (fast for the usual tensor or scalar argument)."""
+    t = type(value)
+    if t is TensorMeta:
+        return 1
+    if t in _PLAIN_VALUES:
+        return 0
+    return sum(1 for leaf in tree_leaves(value, is_leaf=_is_meta) if _is_meta(leaf))
+
+
+@functools.lru_cache(maxsize=None)
+def _positional_names(op: OpOverload) -> tuple[str, ...]:
+    return tuple(a.name for a in op._schema.arguments if not a.kwarg_only)
+
+
 def tensor_arg_names(op: OpOverload, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[str]:
     """The argument name of every tensor input, in the pytree order DTensor uses (args, then kwargs)."""
     names: list[str] = []
-    positional = [a.name for a in op._schema.arguments if not a.kwarg_only]
+    positional = _positional_names(op)
     for i, value in enumerate(args):
         name = positional[i] if i < len(positional) else f"arg{i}"
-        names += [name] * sum(1 for leaf in tree_leaves(value, is_leaf=_is_meta) if _is_meta(leaf))
+        names += [name] * _n_metas(value)
     for name, value in kwargs.items():
-        names += [name] * sum(1 for leaf in tree_leaves(value, is_leaf=_is_meta) if _is_meta(leaf))
+        names += [name] * _n_metas(value)
     return names
 
 
