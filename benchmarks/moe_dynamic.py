@@ -24,6 +24,11 @@ Reported: the median per-step ratio ours/upstream over each batch size's FIRST o
 batch size (warm caches). Experts compute in bf16 (upstream's ``_grouped_mm`` meta kernel
 needs it).
 
+Unfavourable case, apart (simulated mode): token counts that split unevenly over the 'ep'
+ranks (``UNEVEN_BATCHES``). Upstream's ``_grouped_mm`` rule raises on them (the kernel's 16-byte
+stride alignment), so no ratio exists: printed are each side's steps that ran, our median step
+time, and upstream's error.
+
     python benchmarks/moe_dynamic.py                 # simulated 2x2 and gloo 4 ranks, 20 steps, 4 loops per side
     python benchmarks/moe_dynamic.py --mode simulated --steps 10 --repeats 4
     python benchmarks/moe_dynamic.py --json
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -42,6 +48,10 @@ import torch
 
 BATCHES = (48, 64, 40, 64, 56, 48, 72, 40, 64, 56)  # tokens per step, cycled: 5 shapes, each seen 2+ times
 WARMUP_TOKENS = 36  # not in BATCHES: every timed shape's first occurrence is still a cache miss
+# the unfavourable case, simulated mode only: token counts the 2 'ep' ranks split unevenly (31/30,
+# 17/16). Upstream's _grouped_mm rule ignores the kernel's 16-byte alignment for such shards and
+# raises, so these steps are reported apart: our time per step and each side's outcome.
+UNEVEN_BATCHES = (61, 33, 61, 33)
 
 
 class Step(NamedTuple):
@@ -49,6 +59,7 @@ class Step(NamedTuple):
     first: bool  # first occurrence of this batch size in the loop
     seconds: float  # wall
     cpu: float  # this process's CPU time (less sensitive to other jobs on a shared machine)
+    error: str = ""  # uneven loop only: the step raised this (times are then nan)
 
 
 def _model() -> Any:
@@ -59,8 +70,11 @@ def _model() -> Any:
     return model
 
 
-def loop(mesh: Any, steps: int) -> list[Step]:
-    """``steps`` forward+backward steps of a freshly sharded model on ``mesh``; per-step wall time."""
+def loop(mesh: Any, steps: int, batches: tuple[int, ...] = BATCHES) -> list[Step]:
+    """``steps`` forward+backward steps of a freshly sharded model on ``mesh``; per-step wall time.
+
+    With ``UNEVEN_BATCHES`` a step that raises is recorded (its error, nan times) and the loop goes on.
+    """
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     from dtensor_rules.models import shard_moe
@@ -74,12 +88,18 @@ def loop(mesh: Any, steps: int) -> list[Step]:
     seen: set[int] = set()
     out = []
     for i in range(steps):
-        tokens = BATCHES[i % len(BATCHES)]
+        tokens = batches[i % len(batches)]
         gen = torch.Generator().manual_seed(1000 + i)  # new tokens every step: new routing
         x = distribute_tensor(torch.randn(tokens, 64, generator=gen), mesh, (Shard(0), Replicate()))
         t0, c0 = time.perf_counter(), time.process_time()
-        model(x).float().pow(2).mean().backward()
-        out.append(Step(tokens, tokens not in seen, time.perf_counter() - t0, time.process_time() - c0))
+        try:
+            model(x).float().pow(2).mean().backward()
+        except RuntimeError as e:
+            if batches is BATCHES:
+                raise
+            out.append(Step(tokens, tokens not in seen, math.nan, math.nan, str(e).splitlines()[0][:120]))
+        else:
+            out.append(Step(tokens, tokens not in seen, time.perf_counter() - t0, time.process_time() - c0))
         seen.add(tokens)
         model.zero_grad(set_to_none=True)
     return out
@@ -93,7 +113,7 @@ def order(repeats: int) -> list[str]:
     return [side for r in range(repeats) for side in (SIDES if r % 2 == 0 else SIDES[::-1])]
 
 
-def side_loop(side: str, mesh: Any, steps: int) -> list[Step]:
+def side_loop(side: str, mesh: Any, steps: int, batches: tuple[int, ...] = BATCHES) -> list[Step]:
     """``loop`` with ``side``'s rules active (a fresh process: nothing cached yet either way)."""
     import dtensor_rules
 
@@ -105,14 +125,14 @@ def side_loop(side: str, mesh: Any, steps: int) -> list[Step]:
     else:
         dtensor_rules.uninstall()
         clear_sharding_caches()
-    return loop(mesh, steps)
+    return loop(mesh, steps, batches)
 
 
-def _simulated_process(side: str, steps: int) -> list[Step]:
+def _simulated_process(side: str, steps: int, batches: tuple[int, ...] = BATCHES) -> list[Step]:
     from dtensor_rules.testing import simulated_mesh
 
     with simulated_mesh((2, 2), names=("ep", "tp")) as mesh:
-        return side_loop(side, mesh, steps)
+        return side_loop(side, mesh, steps, batches)
 
 
 def _gloo_rank(rank: int, world: int, side: str, steps: int) -> list[Step]:
@@ -122,11 +142,11 @@ def _gloo_rank(rank: int, world: int, side: str, steps: int) -> list[Step]:
     return side_loop(side, mesh, steps)
 
 
-def run_side(mode: str, side: str, steps: int) -> list[Step]:
+def run_side(mode: str, side: str, steps: int, batches: tuple[int, ...] = BATCHES) -> list[Step]:
     """One loop of ``side`` in a fresh process (simulated) or a fresh 4-rank gloo world."""
     if mode == "simulated":
         with torch.multiprocessing.get_context("spawn").Pool(1) as pool:
-            return pool.apply(_simulated_process, (side, steps))
+            return pool.apply(_simulated_process, (side, steps, batches))
     from dtensor_rules.testing import run_gloo
 
     per_rank = run_gloo(_gloo_rank, 4, side, steps, timeout=3600)
@@ -176,6 +196,18 @@ def ratios(runs: dict[str, list[list[Step]]]) -> dict[str, Any]:
     return out
 
 
+def uneven_outcome() -> dict[str, Any]:
+    """One simulated loop per side over ``UNEVEN_BATCHES`` (fresh processes): per side, the median
+    step time where the step ran and the distinct errors where it raised."""
+    out: dict[str, Any] = {}
+    for side in SIDES:
+        loop_steps = run_side("simulated", side, len(UNEVEN_BATCHES), UNEVEN_BATCHES)
+        ran = [s.seconds for s in loop_steps if not s.error]
+        out[side] = {"steps": len(loop_steps), "ran": len(ran), "median_step_s": statistics.median(ran) if ran else None,
+                     "errors": sorted({s.error for s in loop_steps if s.error})}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mode", choices=("simulated", "gloo", "both"), default="both")
@@ -190,9 +222,10 @@ def main(argv: list[str] | None = None) -> int:
             runs = measure(mode, args.steps, args.repeats)
             results[name] = {"runs": {k: [[s._asdict() for s in loop] for loop in v] for k, v in runs.items()},
                              **ratios(runs)}
+    uneven = uneven_outcome() if args.mode in ("simulated", "both") else None
     if args.json:
         print(json.dumps({"torch": torch.__version__, "batches": BATCHES, "order": order(args.repeats),
-                          "results": results}, indent=1))
+                          "results": results, "uneven_batches": UNEVEN_BATCHES, "uneven": uneven}, indent=1))
         return 0
     print(f"torch {torch.__version__}; {args.steps} steps, batch sizes cycling {BATCHES}; each loop in a fresh "
           f"process, order {' '.join(order(args.repeats))}; ratio = ours / upstream of each step's fastest repeat\n")
@@ -206,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
                              for f, w in zip(r[f"{label}per_repeat_first_median"], r[f"{label}per_repeat_warm_median"]))
             print(f"| {name} | {clock} | {r[f'{label}first_occurrence_median']:.2f}x ({r[f'{label}first_occurrence_max']:.2f}x) "
                   f"| {warm} | {reps} | {r['ours_median_loop_s']:.1f} | {r['upstream_median_loop_s']:.1f} |")
+    if uneven is not None:
+        print(f"\nunfavourable: uneven token counts {UNEVEN_BATCHES} over the 2 'ep' ranks, simulated 2x2, one loop per side")
+        for side, u in uneven.items():
+            step = "-" if u["median_step_s"] is None else f"{u['median_step_s']:.3f} s"
+            print(f"  {side}: {u['ran']}/{u['steps']} steps ran, median step {step}; errors: {u['errors'] or 'none'}")
     return 0
 
 
