@@ -247,12 +247,14 @@ def test_sharded_kernel_impl_uneven_tokens_matches_single_device_simulated_2x2()
     _assert_matches(got, want, torch.float32)
 
 
-@pytest.mark.parametrize("n_tokens", [33, 5, 1])
+@pytest.mark.parametrize("n_tokens", [33, 5, 1, 0])
 def test_sharded_uneven_token_counts_match_single_device_simulated_2x2(n_tokens: int) -> None:
-    """Token counts the 'ep' ranks cannot split evenly (17/16, 3/2, 1/0 tokens), as MoE batches are.
+    """Token counts the 'ep' ranks cannot split evenly (17/16, 3/2, 1/0 tokens), as MoE batches are,
+    and an empty batch (every gradient zero).
 
     Before ``MoE.flat_assignments`` the block raised "Cannot flatten unevenly sharded tensor"
-    here (upstream's view rule), so only token counts divisible by the 'ep' size ran.
+    here (upstream's view rule), so only token counts divisible by the 'ep' size ran; with 1-D
+    column selects the 0-token backward mixed a plain tensor into DTensor math.
     """
     from dtensor_rules.testing import simulated_mesh
 

@@ -164,10 +164,12 @@ class MoE(nn.Module):
         token count it cannot tell. ``per_token.t().reshape(-1)`` runs eagerly but needs a
         symbolic ``_StridedShard`` under compile; ``torch.cat(per_token.unbind(1))`` meets
         upstream's unbind rule, which raises (rather than asking for a redistribution) when a
-        solver offers it input sharded on dim 1. Concatenating the k selected columns works for
-        any token count, eager or compiled (``tests/test_moe_compile.py``).
+        solver offers it input sharded on dim 1. Concatenating the k columns works for any token
+        count, eager or compiled (``tests/test_moe_compile.py``). They are (T, 1) slices, not 1-D
+        selects: autograd's cat backward treats a (0,) input as a legacy empty tensor and hands
+        it a plain-tensor gradient, which breaks a DTensor backward with 0 tokens.
         """
-        return torch.cat([per_token[:, j] for j in range(per_token.shape[1])])
+        return torch.cat([per_token[:, j : j + 1] for j in range(per_token.shape[1])]).squeeze(1)
 
     @staticmethod
     def _offsets(ends: torch.Tensor, L: int) -> torch.Tensor:
