@@ -51,11 +51,20 @@ def interleaved_rounds(cases: Callable[[], dict[str, Callable[[], Any]]], calls:
 
 def run_rounds(worker: Callable[..., Any]) -> tuple[Any, argparse.Namespace]:
     """``--calls`` / ``--repeats`` from the command line, then ``worker(rank, world, calls, repeats)``
-    on a real 2-rank gloo group; rank 0's result, and the arguments."""
-    from dtensor_rules.testing import run_gloo
+    on a real 2-rank gloo group; rank 0's result, and the arguments.
+
+    ``--fake``: in this process on a 2-rank ``fake`` group instead (rank 0; collectives are
+    no-ops), so only dispatch is timed, without a second process competing for the 2 cores.
+    """
+    from dtensor_rules.testing import fake_world, run_gloo
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--fake", action="store_true", help="one process, a 2-rank fake group: dispatch alone")
     a = ap.parse_args()
+    a.group = "fake group, one process" if a.fake else "gloo"  # for the scripts' headers
+    if a.fake:
+        with fake_world(2):
+            return worker(0, 2, a.calls, a.repeats), a
     return run_gloo(worker, 2, a.calls, a.repeats)[0], a

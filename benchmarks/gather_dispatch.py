@@ -59,7 +59,7 @@ def _worker(rank: int, world: int, calls: int, repeats: int) -> dict[str, tuple[
 
 def main() -> None:
     res, a = run_rounds(_worker)
-    print(f"torch.gather per call, warm cache, 2-rank gloo (rank 0), torch {torch.__version__}, "
+    print(f"torch.gather per call, warm cache, 2-rank {a.group} (rank 0), torch {torch.__version__}, "
           f"median of {a.repeats} interleaved rounds of {a.calls} calls (min of rounds: least load-disturbed)")
     print(f"{'case':38s} {'upstream us':>11s} {'ours us':>8s} {'ratio':>6s} | {'min up':>7s} {'min ours':>8s} {'ratio':>6s} | output (up / ours)")
     for name, (up, ours, up_min, ours_min, p_up, p_ours) in res.items():

@@ -6,7 +6,8 @@ target <= 1.1x), long indices on a sharded self, several index tensors, and bool
 only: upstream cannot run them at all, so only our time is printed). Also bincount through its
 handler (cached choice) against a plain local bincount + DTensor wrap as the floor.
 
-usage: python benchmarks/index_dispatch.py [--calls N] [--repeats R]
+usage: python benchmarks/index_dispatch.py [--calls N] [--repeats R] [--fake]
+(--fake: one process on a 2-rank fake group, dispatch alone; see _dispatch_rounds.run_rounds)
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def _worker(rank: int, world: int, calls: int, repeats: int) -> dict[str, tuple[
 
 def main() -> None:
     res, a = run_rounds(_worker)
-    print(f"index.Tensor per call, warm cache, 2-rank gloo (rank 0), median of {a.repeats} interleaved rounds of {a.calls} calls")
+    print(f"index.Tensor per call, warm cache, 2-rank {a.group} (rank 0), median of {a.repeats} interleaved rounds of {a.calls} calls")
     print("(min of rounds is the least load-disturbed estimate of per-call overhead on a shared machine)")
     print(f"{'case':36s} {'upstream us':>12s} {'ours us':>9s} {'ratio':>7s} | {'min up us':>9s} {'min ours':>9s} {'ratio':>7s}")
     for name, (up, ours, up_min, ours_min) in res.items():
