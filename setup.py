@@ -12,7 +12,8 @@ setup(
     "redistribute planner for Mixture-of-Experts models",
     long_description=(HERE / "README.md").read_text(),
     long_description_content_type="text/markdown",
-    packages=find_packages(include=["dtensor_rules", "dtensor_rules.*"]),
+    package_dir={"": "src"},  # src/ layout: a checkout's folder can never shadow the installed package
+    packages=find_packages("src", include=["dtensor_rules", "dtensor_rules.*"]),
     package_data={"dtensor_rules._upstream": ["measured_*.json"]},  # install()'s measured ours-vs-upstream data
     python_requires=">=3.10",
     install_requires=["torch>=2.13,<2.15", "numpy"],  # tested: 2.13.0, 2.14.1; raise the bound once the next release passes
@@ -20,5 +21,5 @@ setup(
         "test": ["pytest", "pytest-xdist", "hypothesis", "expecttest"],
         "triton": ["triton"],
     },
-    entry_points={"console_scripts": ["dtensor-rules=dtensor_rules.__main__:main"]},
+    entry_points={"console_scripts": ["dtensor-rules=dtensor_rules.cli.main:main"]},
 )

@@ -1,6 +1,6 @@
 """Ours vs upstream torch's sharding rules on the fixed sample suites, same run, same samples.
 
-For every op with a sample suite (dtensor_rules/testing/suites), validates both sides against
+For every op with a sample suite (src/dtensor_rules/testing/suites), validates both sides against
 ground truth (per-rank simulation) and prints correct / incorrect / missing per op and in total,
 labelled with the running torch version.
 
@@ -8,7 +8,7 @@ labelled with the running torch version.
     python benchmarks/rule_coverage.py --mesh 2 --mesh 4 --op cumsum
     python benchmarks/rule_coverage.py --mesh 2 --variants --contested --write-measured
         # every overload (out=/in-place too) both sides have a rule for on this torch; writes
-        # dtensor_rules/_upstream/measured_<major>_<minor>.json, the data install() decides from
+        # src/dtensor_rules/_upstream/measured_<major>_<minor>.json, the data install() decides from
     python benchmarks/rule_coverage.py --side-by-side  # both checked-in measured files, one table
 
 Exit status 1 if ours is incorrect anywhere, or has fewer correct layouts than an upstream rule
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 import dtensor_rules  # noqa: F401  (registers our rules; upstream's stay queryable)
-from dtensor_rules.__main__ import parse_mesh
+from dtensor_rules.cli.main import parse_mesh
 from dtensor_rules._upstream import TESTED_TORCH
 from dtensor_rules._upstream.measured import decide, load
 from dtensor_rules.testing import measure
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", action="store_true",
                         help="also our out= / in-place overloads, on their functional counterpart's suite")
     parser.add_argument("--write-measured", action="store_true",
-                        help="write the running torch's dtensor_rules/_upstream/measured_<ver>.json")
+                        help="write the running torch's src/dtensor_rules/_upstream/measured_<ver>.json")
     parser.add_argument("--contested", action="store_true",
                         help="only ops upstream also has a rule for on this torch (what install() decides on)")
     parser.add_argument("--side-by-side", action="store_true", help="print the checked-in measured files side by side")

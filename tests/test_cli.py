@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dtensor_rules.__main__ import HARDWARE, build_parser, main, parse_mesh
+from dtensor_rules.cli.main import HARDWARE, build_parser, main, parse_mesh
 from dtensor_rules._upstream import TORCH_VERSION
 from dtensor_rules.testing.suites import suites
 
@@ -61,7 +61,7 @@ def test_validate_on_2x2_from_a_fresh_process_prints_only_json():
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout)  # the whole stdout: no summary line before it
     assert report["op"] == "aten.cumsum.default" and report["mesh"] == [2, 2]
-from dtensor_rules.__main__ import HARDWARE, build_parser, main, parse_mesh
+from dtensor_rules.cli.main import HARDWARE, build_parser, main, parse_mesh
 from dtensor_rules._upstream import TORCH_VERSION
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import dtensor_rules
 from dtensor_rules import registry
-from dtensor_rules.__main__ import main
+from dtensor_rules.cli.main import main
 from dtensor_rules.costs import CostError, OpCost, estimate_call
 from dtensor_rules.costs.user_formula import from_flops_bytes
 from dtensor_rules.registry import Rule, RuleError

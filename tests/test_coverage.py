@@ -7,7 +7,7 @@ from expecttest import TestCase
 
 import dtensor_rules  # noqa: F401
 from dtensor_rules._upstream import TORCH_VERSION
-from dtensor_rules.coverage import EXCLUDED_OPS, coverage, coverage_main, rule_source
+from dtensor_rules.cli.coverage import EXCLUDED_OPS, coverage, coverage_main, rule_source
 
 
 @torch.library.custom_op("dtensor_rules_test::mystery", mutates_args=())
@@ -78,7 +78,7 @@ def test_coverage_main_exits_zero_when_every_op_has_a_rule(capsys) -> None:
 
 
 def test_every_moe_op_gets_a_cost_on_each_profile() -> None:
-    from dtensor_rules.coverage import moe_example
+    from dtensor_rules.cli.coverage import moe_example
 
     model, inputs = moe_example()
     h100 = coverage(model, inputs, mesh_shape=(2,), hardware="h100")
@@ -96,7 +96,7 @@ class TestMoEBlockGolden(TestCase):
         import io
 
         from dtensor_rules import demo
-        from dtensor_rules.coverage import describe_moe_example, moe_example
+        from dtensor_rules.cli.coverage import describe_moe_example, moe_example
 
         self.assertExpectedInline(describe_moe_example(), """\
 traced: the demo's MoE block (dim 32, hidden 64, 4 experts top-2, 1 shared, permute_impl='kernel'), bf16, tokens 66x32, forward+backward""")

@@ -13,7 +13,7 @@ from expecttest import TestCase
 
 import dtensor_rules  # noqa: F401
 from dtensor_rules import demo
-from dtensor_rules.demo_ui import Steps, table
+from dtensor_rules.cli.ui import Steps, table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -131,7 +131,7 @@ rank (ep, tp)  rows held
 
     def test_expert_parallel_section(self) -> None:
         """Where EP parameters and gradients live and what one step communicates (section 6)."""
-        from dtensor_rules.demo_ep import section_expert_parallel
+        from dtensor_rules.cli.demo_ep import section_expert_parallel
 
         out = io.StringIO()
         with demo.quiet():

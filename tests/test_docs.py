@@ -71,7 +71,7 @@ def test_documented_cli_commands_parse(path: Path) -> None:
     """Every `python -m dtensor_rules ...` / `./run.sh ...` line shown is accepted by the CLI's parser."""
     import shlex
 
-    from dtensor_rules.__main__ import build_parser
+    from dtensor_rules.cli.main import build_parser
 
     text = re.sub(r"python\s+-m\s+dtensor_rules\s+", "python -m dtensor_rules ", path.read_text())  # wrapped lines
     commands = re.findall(r"(?:python -m dtensor_rules|\./run\.sh) ([a-z][^`#\n]*)", text)

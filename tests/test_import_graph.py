@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "dtensor_rules"
+PACKAGE = Path(__file__).resolve().parent.parent / "src" / "dtensor_rules"
 
 
 def _module_name(path: Path) -> str:

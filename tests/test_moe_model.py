@@ -106,7 +106,7 @@ def test_init_is_deterministic_per_seed() -> None:
 
 
 def test_traces_with_make_fx_without_data_dependent_ops() -> None:
-    from dtensor_rules.coverage import trace_joint
+    from dtensor_rules.cli.coverage import trace_joint
 
     graph = trace_joint(make(torch.bfloat16), (tokens(torch.bfloat16),))
     targets = {n.target for n in graph.graph.nodes if n.op == "call_function"}
@@ -146,7 +146,7 @@ def test_kernel_permute_impl_calls_the_custom_op_and_drops_padding_rows() -> Non
     """The kernel path really runs dtensor_rules.kernels.moe_permute_indices, and its output
     has -1 padding rows inside expert blocks and past m_offsets[-1] (so the combine's
     'keep only index >= 0' matters for this sample)."""
-    from dtensor_rules.coverage import trace_joint
+    from dtensor_rules.cli.coverage import trace_joint
     from dtensor_rules.kernels import moe_permute_indices
 
     model = _kernel_twin(make(torch.bfloat16))
@@ -288,7 +288,7 @@ def test_sharded_matches_single_device_gloo_4_ranks() -> None:
 @pytest.mark.parametrize("permute_impl", ["torch", "kernel"])
 def test_every_op_of_forward_and_backward_has_a_rule(permute_impl: str) -> None:
     """Ours or upstream's, answering for the traced shapes: no decomposition-only, handler-only or missing op."""
-    from dtensor_rules.coverage import coverage
+    from dtensor_rules.cli.coverage import coverage
 
     model = MoE(dataclasses.replace(CONFIG, permute_impl=permute_impl), dtype=torch.bfloat16)
     report = coverage(model, (tokens(torch.bfloat16, (2, 4, 16)),), mesh_shape=(2, 2))
@@ -302,7 +302,7 @@ def test_every_op_of_forward_and_backward_has_a_rule(permute_impl: str) -> None:
 
 
 def test_coverage_cli_exits_zero_on_2x2(capsys: pytest.CaptureFixture[str]) -> None:
-    from dtensor_rules.__main__ import main
+    from dtensor_rules.cli.main import main
 
     assert main(["coverage", "--mesh", "2x2"]) == 0
     out = capsys.readouterr().out

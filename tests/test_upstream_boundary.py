@@ -1,4 +1,4 @@
-"""Only ``dtensor_rules/_upstream/`` may touch PyTorch's private distributed internals.
+"""Only ``src/dtensor_rules/_upstream/`` may touch PyTorch's private distributed internals.
 
 Everything else (the benchmarks included) goes through the adapter, so a torch release that renames a private symbol
 breaks one shim (and one contract test), not modules all over the package. One failure per
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "dtensor_rules"
+PACKAGE = Path(__file__).resolve().parent.parent / "src" / "dtensor_rules"
 ADAPTER = PACKAGE / "_upstream"
 # private modules outside torch.distributed that we also keep behind the adapter
 PRIVATE_MODULES = ("torch._meta_registrations", "torch._inductor", "torch._subclasses", "torch._prims")

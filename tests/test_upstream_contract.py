@@ -1,7 +1,7 @@
 """The upstream contract: every private torch symbol the adapter relies on, one test each.
 
 When a torch release renames or removes one, exactly the entries that changed fail, each
-naming the symbol and what is missing; the fix is a shim in ``dtensor_rules/_upstream/``.
+naming the symbol and what is missing; the fix is a shim in ``src/dtensor_rules/_upstream/``.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _slots_or_fields(obj: object) -> set[str]:
 def test_running_torch_is_a_tested_release() -> None:
     assert TORCH_VERSION in TESTED_TORCH, (
         f"torch {TORCH_VERSION} is not among the tested releases {TESTED_TORCH}: run this suite on it, "
-        "fix the contract failures in dtensor_rules/_upstream/, then add it to TESTED_TORCH and setup.py"
+        "fix the contract failures in src/dtensor_rules/_upstream/, then add it to TESTED_TORCH and setup.py"
     )
 
 

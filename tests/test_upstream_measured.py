@@ -1,6 +1,6 @@
 """install() keeps upstream's rule unless ours is MEASURED strictly better on the running torch.
 
-The measured files (``dtensor_rules/_upstream/measured_<major>_<minor>.json``, written by
+The measured files (``src/dtensor_rules/_upstream/measured_<major>_<minor>.json``, written by
 ``benchmarks/rule_coverage.py --variants --write-measured``) are data; these tests check that
 the decision rule is right on synthetic records, that install()/status() follow the running
 torch's file for every op both sides have a rule for, and that a part of the file still holds

@@ -4,7 +4,7 @@
 with a sample suite, plus every out= / in-place overload we have a rule for whose functional
 counterpart has one (samples built with ``aliasing.aliased_sample``), and runs the shard-order
 probe (:func:`shard_order_probe`) for the layout-preserving ops. :func:`write` stores the result
-as ``dtensor_rules/_upstream/measured_<major>_<minor>.json``; ``benchmarks/rule_coverage.py
+as ``src/dtensor_rules/_upstream/measured_<major>_<minor>.json``; ``benchmarks/rule_coverage.py
 --write-measured`` runs both.
 """
 

@@ -67,14 +67,14 @@ def _status(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     _load()
-    from dtensor_rules.demo import run_demo
+    from dtensor_rules.cli.demo import run_demo
 
     return run_demo(args.mesh)
 
 
 def _coverage(args: argparse.Namespace) -> int:
     _load()
-    from dtensor_rules.coverage import coverage_main
+    from dtensor_rules.cli.coverage import coverage_main
 
     return coverage_main(["--mesh", "x".join(map(str, args.mesh)), "--hardware", args.hardware])
 

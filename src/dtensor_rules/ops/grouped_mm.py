@@ -39,7 +39,7 @@ multiple of 16 bytes, and they check it on the layout they are handed. Two mecha
   row-major shards; an uneven all-gather un-pads with ``narrow()``, so a ``(1, 16)`` bf16 ``a``
   gathered over 3 ranks arrives with stride ``(18, 1)``) are fixed by the rule's DTensor handler
   (:func:`grouped_mm_handler`): any local operand the kernel would reject is copied into a
-  padded, aligned buffer (:func:`~dtensor_rules._grouped_mm_checks.aligned_copy`) right before the local call.
+  padded, aligned buffer (:func:`~dtensor_rules.core.grouped_mm_checks.aligned_copy`) right before the local call.
 
 Misaligned *global* operands still raise torch's own error (the meta step checks the global
 layout). With symbolic sizes the check never guards on an unbacked size: an undecidable split
@@ -73,7 +73,7 @@ from dtensor_rules._upstream import (
 )
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
-from dtensor_rules._grouped_mm_checks import (  # noqa: F401  (kernel_accepts_layout: re-exported)
+from dtensor_rules.core.grouped_mm_checks import (  # noqa: F401  (kernel_accepts_layout: re-exported)
     CPU_DTYPES,
     aligned_copy,
     cpu_kernel_check,

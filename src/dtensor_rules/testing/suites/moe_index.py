@@ -2,7 +2,7 @@
 a tight ``max_len`` (no spare slot), three ranks with alignment 1, int64 counts.
 
 No all-zero counts and no single count (E = R = 1): on those a Partial counts layout can give
-the right answer by luck (see ``dtensor_rules/ops/moe_index.py``), and the validator would
+the right answer by luck (see ``src/dtensor_rules/ops/moe_index.py``), and the validator would
 report a layout valid that no rule may offer for every input.
 """
 

@@ -12,7 +12,7 @@ Six sections, each a claim the package makes, checked live (nothing is precomput
    to the default order, executed on the simulated mesh and checked;
 5. per-op costs of forward+backward: FlopCounterMode with torch 2.13's formulas only vs with
    ours registered, bytes and an H100 roofline estimate from ``dtensor_rules.costs``;
-6. expert parallelism (``expert_parallel``, ``dtensor_rules/demo_ep.py``): where each parameter
+6. expert parallelism (``expert_parallel``, ``src/dtensor_rules/cli/demo_ep.py``): where each parameter
    and its gradient live, the collectives one step runs (all-to-all, no all_gather) next to
    the ``shard_moe`` gather path's, and the result equal to one device.
 
@@ -34,8 +34,8 @@ from typing import TextIO
 
 import torch
 
-from dtensor_rules.demo_ep import section_expert_parallel
-from dtensor_rules.demo_ui import Steps, header, table
+from dtensor_rules.cli.demo_ep import section_expert_parallel
+from dtensor_rules.cli.ui import Steps, header, table
 from dtensor_rules.models.moe import MoE, MoEConfig, shard_moe
 
 __all__ = ["run_demo", "demo_model", "DEMO_CONFIG", "single_device", "sharded_run", "compare", "flop_rows"]
@@ -103,7 +103,7 @@ def section_model(mesh_shape: tuple[int, ...], out: TextIO) -> None:
 
 # --------------------------------------------------------------------------- 2. coverage
 def section_coverage(mesh_shape: tuple[int, ...], out: TextIO) -> bool:
-    from dtensor_rules.coverage import coverage, describe_moe_example, moe_example
+    from dtensor_rules.cli.coverage import coverage, describe_moe_example, moe_example
 
     header("2. op coverage of forward+backward: where each op's sharding rule comes from", out)
     with Steps("coverage", 2, out) as s:

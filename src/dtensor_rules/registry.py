@@ -62,7 +62,7 @@ from dtensor_rules._upstream import (
     propagator,
     registry,
 )
-from dtensor_rules._metas import metas as tensor_metas
+from dtensor_rules.core.metas import metas as tensor_metas
 from dtensor_rules.compact.single_dim import single_dim_op_strategy
 from dtensor_rules.costs.op_cost import Formula
 from dtensor_rules.costs.rule_source import use_rules

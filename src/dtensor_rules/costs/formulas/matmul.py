@@ -34,7 +34,7 @@ from torch._ops import OpOverload
 from dtensor_rules.costs._util import CostError, is_concrete, nbytes
 from dtensor_rules.costs.formulas._formula import formula
 from dtensor_rules.costs.op_cost import OpCost
-from dtensor_rules._grouped_mm_checks import check_call
+from dtensor_rules.core.grouped_mm_checks import check_call
 
 GROUPED_MM = torch.ops.aten._grouped_mm.default
 
