@@ -1,8 +1,12 @@
-"""Deprecated: moved to :mod:`dtensor_rules.cli.demo` (kept for one release)."""
+"""Deprecated: moved to :mod:`dtensor_rules.cli.demo` (this alias stays for one release)."""
 
 import warnings
+from typing import Any
 
-from dtensor_rules.cli.demo import *  # noqa: F401,F403
-from dtensor_rules.cli.demo import __all__ as __all__  # noqa: F401
+from dtensor_rules.cli import demo as _moved
 
 warnings.warn("dtensor_rules.demo moved to dtensor_rules.cli.demo", DeprecationWarning, stacklevel=2)
+
+
+def __getattr__(name: str) -> Any:
+    return getattr(_moved, name)
