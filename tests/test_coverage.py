@@ -95,7 +95,7 @@ class TestMoEBlockGolden(TestCase):
         """`coverage` and demo section 2 trace one model (`moe_example`) and both outputs name it (#13)."""
         import io
 
-        from dtensor_rules import demo
+        from dtensor_rules.cli import demo
         from dtensor_rules.cli.coverage import describe_moe_example, moe_example
 
         self.assertExpectedInline(describe_moe_example(), """\

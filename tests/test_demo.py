@@ -12,7 +12,7 @@ import torch
 from expecttest import TestCase
 
 import dtensor_rules  # noqa: F401
-from dtensor_rules import demo
+from dtensor_rules.cli import demo
 from dtensor_rules.cli.ui import Steps, table
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -317,17 +317,17 @@ def _parse_mesh(text: str) -> tuple[int, ...]:
 
 
 def moe_example() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
-    """The MoE block the CLI traces: the demo's own (``demo.DEMO_CONFIG``, ``permute_impl="kernel"``,
+    """The MoE block the CLI traces: the demo's own (``demo_model.DEMO_CONFIG``, ``permute_impl="kernel"``,
     the demo's tokens), in bf16 (``_grouped_mm``'s CPU meta kernel needs it), so ``coverage`` and
     ``demo`` section 2 report on the same model."""
-    from dtensor_rules.cli.demo import demo_inputs, demo_model
+    from dtensor_rules.cli.demo_model import demo_inputs, demo_model
 
     return demo_model(torch.bfloat16, permute_impl="kernel"), (demo_inputs(torch.bfloat16)[0],)
 
 
 def describe_moe_example() -> str:
     """One line naming the traced model, printed by both ``coverage`` and the demo."""
-    from dtensor_rules.cli.demo import DEMO_CONFIG, TOKENS
+    from dtensor_rules.cli.demo_model import DEMO_CONFIG, TOKENS
 
     c = DEMO_CONFIG
     return (f"traced: the demo's MoE block (dim {c.dim}, hidden {c.hidden}, {c.n_experts} experts top-{c.top_k}, "
