@@ -30,7 +30,7 @@ from dtensor_rules.testing.mesh import fake_world
 from dtensor_rules.testing.query import PARTIAL_OPS, Combo, candidate_placements, emitted_combos
 from dtensor_rules.testing.simulate import NDPlacement, Sample, as_outputs, check_output, run_ranks
 
-__all__ = ["check_rule", "check_samples", "RuleReport", "SideReport", "format_combo"]
+__all__ = ["check_rule", "check_samples", "RuleReport", "SideReport", "format_combo", "missing_reason"]
 
 
 @dataclass
@@ -43,6 +43,8 @@ class SideReport:
     missing: int = 0
     incorrect_combos: list[str] = field(default_factory=list)
     missing_combos: list[str] = field(default_factory=list)
+    # why each of ``missing_combos`` is missing (same order): what the rule offers instead
+    missing_reasons: list[str] = field(default_factory=list)
     error: str | None = None
 
     def merge(self, other: SideReport) -> None:
@@ -52,6 +54,7 @@ class SideReport:
         self.missing += other.missing
         self.incorrect_combos += other.incorrect_combos
         self.missing_combos += other.missing_combos
+        self.missing_reasons += other.missing_reasons
         self.error = self.error or other.error
 
     def counts(self) -> dict[str, int]:
@@ -346,6 +349,8 @@ def check_rule(
     norm = lambda c: _normalize(c, in_shapes, out_shapes)  # noqa: E731
     truth_n = {norm(c) for c in truth if not _trivial(norm(c), alias.out)}
     reports = {}
+    offered = {name: {norm(c) for c in combos or ()} for name, (combos, _) in emitted.items()}
+    described = f"{_describe(tensors)} -> {_describe(oracle.variants[0][1])}"
     for name, (combos, error) in emitted.items():
         if combos is None:
             reports[name] = SideReport(has_rule=False, missing=len(truth_n))
@@ -357,16 +362,43 @@ def check_rule(
                 continue
             (good if (c in truth or oracle.valid(c)) else bad).add(n)
         good -= bad
+        missing = sorted(truth_n - good - bad, key=format_combo)
+        other = "upstream" if name == "ours" else "ours"
         reports[name] = SideReport(
             has_rule=True,
             correct=len(good),
             incorrect=len(bad),
-            missing=len(truth_n - good - bad),
+            missing=len(missing),
             incorrect_combos=sorted(map(format_combo, bad)),
-            missing_combos=sorted(map(format_combo, truth_n - good - bad)),
+            missing_combos=[format_combo(c) for c in missing],
+            missing_reasons=[f"sample {described}: " + missing_reason(c, offered[name], error, other, offered[other]
+                                                                    if emitted[other][0] is not None else None)
+                             for c in missing],
             error=error,
         )
     return RuleReport(str(op), mesh_shape, 1, len(truth_n), reports["ours"], reports["upstream"], sampled)
+
+
+def _describe(tensors: Sequence[torch.Tensor]) -> str:
+    """``int32[4, 6], int64[4]``: what a sample's tensors are (a reason often depends on the dtypes)."""
+    return ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in tensors)
+
+
+def missing_reason(combo: Combo, offered: set[Combo], error: str | None, other: str, other_offered: set[Combo] | None) -> str:
+    """Why a rule lacks a layout that ground truth accepts: what it offers for those inputs
+    instead (or that it takes no strategy with them), and whether the other side offers it."""
+    if error:
+        why = f"not offered: the rule raised {error}"
+    else:
+        instead = sorted(format_combo(((), outs)).removeprefix("() -> ") for ins, outs in offered if ins == combo[0])
+        if instead:
+            shown = ", ".join(instead[:3]) + (f" and {len(instead) - 3} more" if len(instead) > 3 else "")
+            why = f"not offered: for these inputs the rule outputs {shown}"
+        else:
+            why = "not offered: the rule has no strategy taking these inputs (DTensor redistributes them first)"
+    if other_offered is None:
+        return f"{why}; {other} has no rule"
+    return f"{why}; {other} {'offers it' if combo in other_offered else 'does not offer it either'}"
 
 
 def _stack(parts: Sequence[Combo]) -> Combo:
