@@ -165,3 +165,11 @@ def test_run_sh_says_it_is_installing_before_the_long_first_install(tmp_path):
     second = run()  # installed: no message, no pip
     assert second.returncode == 0 and second.stderr == "" and second.stdout == first.stdout
     assert (tmp_path / ".venv" / "pip.log").read_text().count("pip install") == 1
+
+
+def test_validate_says_when_no_sharded_layout_is_valid(capsys):
+    """0 valid combos is named, with the layouts tried, never a bare "incorrect 0, missing 0"."""
+    assert main(["validate", "--op", "moe_permute_indices", "--mesh", "2"]) == 0
+    out = capsys.readouterr().out
+    assert ": 0 valid combos" in out and "note: no sharded layout is valid on these samples (" in out
+    assert "(0 tried)" not in out

@@ -74,6 +74,9 @@ def _validate(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_json()))
     else:
         print(report.summary())
+        if report.valid == 0:  # "incorrect 0, missing 0" would hold for any rule that offers nothing
+            print(f"  note: no sharded layout is valid on these samples ({report.tried} tried): the op is "
+                  "Replicate-only here, and the counts above say only that a rule offers no sharded layout")
         if args.verbose:
             for c, why in zip(report.ours.missing_combos, report.ours.missing_reasons):
                 print(f"    ours missing: {c}  ({why})")
