@@ -116,3 +116,10 @@ def test_documented_cli_commands_parse(path: Path) -> None:
             build_parser().parse_args(argv)
         except SystemExit as e:
             raise AssertionError(f"{path.name}: documented command rejected by the CLI: {cmd!r}") from e
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_documented_pythonpath_points_at_src(path: Path) -> None:
+    """The package lives in src/ (src layout): `PYTHONPATH=$PWD` would import nothing of it."""
+    bad = [ln for ln in path.read_text().splitlines() if re.search(r"PYTHONPATH=\$PWD(?!/src\b)", ln)]
+    assert not bad, f"{path.name}: PYTHONPATH must name src/: {bad}"

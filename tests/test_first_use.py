@@ -88,3 +88,13 @@ def test_inside_a_checkout_without_install_the_import_fails_clearly() -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "ModuleNotFoundError: No module named 'dtensor_rules'" in proc.stderr, proc.stderr
     assert _find_package(ROOT, installed=False) == "missing"
+
+
+def test_subprocesses_of_tests_and_benchmarks_import_this_checkout() -> None:
+    """PYTHONPATH=<repo root> imports nothing of a src/ layout: such a subprocess would silently test
+    whatever copy of the package is installed instead of this checkout."""
+    pattern = re.compile(r"PYTHONPATH[\"']?\s*[:=,]\s*str\(ROOT\)(?!\s*/\s*\"src\")")
+    bad = [f"{p.relative_to(ROOT)}:{i}" for p in sorted([*(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")])
+           for i, ln in enumerate(p.read_text().splitlines(), 1) if pattern.search(ln)]
+    assert not bad, bad
+    assert pattern.search("env = dict(os.environ, PYTHONPATH=" + "str(ROOT))")  # the control: the old spelling is caught
