@@ -123,3 +123,12 @@ def test_documented_pythonpath_points_at_src(path: Path) -> None:
     """The package lives in src/ (src layout): `PYTHONPATH=$PWD` would import nothing of it."""
     bad = [ln for ln in path.read_text().splitlines() if re.search(r"PYTHONPATH=\$PWD(?!/src\b)", ln)]
     assert not bad, f"{path.name}: PYTHONPATH must name src/: {bad}"
+
+
+@pytest.mark.parametrize("path", with_blocks(), ids=lambda p: p.name)
+def test_a_doc_that_needs_the_test_extra_says_how_to_install_it(path: Path) -> None:
+    """#18.11: writing_rules.md's examples import hypothesis, which only the [test] extra installs."""
+    code = "\n".join(python_blocks(path))
+    needs = sorted(m for m in ("hypothesis", "pytest", "expecttest") if re.search(rf"^\s*(from|import) {m}\b", code, re.M))
+    if needs:
+        assert 'pip install -e ".[test]"' in path.read_text(), f"{path.name} imports {needs}: name the [test] extra's pip command"
