@@ -50,6 +50,12 @@ have=$(cat "$VENV/.installed-$hash" 2>/dev/null || echo missing)
 if [ "$have" = missing ] || [ -n "$(comm -23 <(echo "$want") <(echo "$have"))" ]; then
   spec=.
   [ -n "$EXTRAS" ] && spec=".[$EXTRAS]"
+  torch_pin=$(sed -n 's/^torch==//p' "$CONSTRAINTS" | head -n 1)
+  if [ "$have" = missing ]; then
+    echo "run.sh: installing dtensor_rules${EXTRAS:+[$EXTRAS]} with torch ${torch_pin:-$TORCH_VERSION} into $VENV (first run, about 2-3 minutes)..." >&2
+  else
+    echo "run.sh: adding extras [$EXTRAS] to $VENV..." >&2
+  fi
   # (the grep drops pip's notes about this machine's unused local index folders)
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$CONSTRAINTS" -e "$spec" \
     2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)

@@ -18,9 +18,9 @@ process waits for a core). Each point is the median of ``--reps`` timed batches.
 GPU: ``--device cuda --hardware h100`` (or h200/a100/b200) uses the datasheet profile;
 ``--calibrate`` builds a measured one instead.
 
-    PYTHONPATH=$PWD python benchmarks/cost_model_accuracy.py            # ~1-2 minutes on 2 cores
-    PYTHONPATH=$PWD python benchmarks/cost_model_accuracy.py --print-profile   # the profile as Python
-    PYTHONPATH=$PWD python benchmarks/cost_model_accuracy.py --device cuda --hardware h100
+    PYTHONPATH=$PWD/src python benchmarks/cost_model_accuracy.py            # ~1-2 minutes on 2 cores
+    PYTHONPATH=$PWD/src python benchmarks/cost_model_accuracy.py --print-profile   # the profile as Python
+    PYTHONPATH=$PWD/src python benchmarks/cost_model_accuracy.py --device cuda --hardware h100
 """
 
 from __future__ import annotations

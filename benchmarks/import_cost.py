@@ -44,7 +44,7 @@ HEAVY = ("torch._inductor.graph", "torch._inductor.compile_fx", "torch._inductor
 
 
 def one_run() -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     code = f"HEAVY = {HEAVY!r}\n" + CHILD
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -17,7 +18,7 @@ from dtensor_rules.testing.suites import suites
 
 ALL_OPS = sorted(str(op) for op in suites())
 ROOT = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
 
 
 # ops where upstream's rule offers more correct layouts than ours on mesh 2, per torch release;
@@ -76,7 +77,7 @@ def test_mesh_parsing(text, shape):
     assert parse_mesh(text) == shape
 
 
-@pytest.mark.parametrize("text", ["", "2x", "0", "2x2x2x2", "two"])
+@pytest.mark.parametrize("text", ["", "2x", "0", "2x2x2x2", "two", "64x64", "4x8"])
 def test_bad_mesh_is_rejected(text, capsys):
     with pytest.raises(SystemExit):
         main(["validate", "--op", "fma", "--mesh", text])
@@ -87,3 +88,88 @@ def test_status_lists_active_rules(capsys):
     assert main(["status"]) == 0
     out = capsys.readouterr().out
     assert "aten._grouped_mm.default" in out and "ours" in out
+
+
+def test_a_mesh_over_the_limit_is_refused_naming_the_limit(capsys):
+    """#18.11: `validate --mesh 64x64` used to run unbounded (4096 simulated ranks)."""
+    from dtensor_rules.cli.main import MAX_RANKS
+
+    with pytest.raises(SystemExit) as e:
+        main(["validate", "--op", "fma", "--mesh", "64x64"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"at most {MAX_RANKS} ranks" in err and "4096" in err
+    assert parse_mesh("4x4") == (4, 4) and parse_mesh("2x2x4") == (2, 2, 4)  # the limit itself is accepted
+
+
+def test_every_subcommand_help_has_a_description(capsys):
+    parser = build_parser()
+    (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(subparsers.choices) == {"demo", "validate", "status", "coverage"}
+    for name, sub in subparsers.choices.items():
+        assert sub.description and len(sub.description) > 60, name
+        with pytest.raises(SystemExit):
+            parser.parse_args([name, "--help"])
+        assert " ".join(sub.description.split()[:6]) in " ".join(capsys.readouterr().out.split()), name
+
+
+def test_validate_verbose_gives_each_missing_layout_its_reason(capsys):
+    """#18.11: `validate -v` listed "ours missing" layouts with no reason."""
+    assert main(["validate", "--op", "cumsum", "--mesh", "2", "-v"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "ours missing:" in ln]
+    assert lines  # cumsum leaves out P(sum) where an integer input is promoted (DTensor's int sums wrap)
+    for ln in lines:
+        assert "(sample " in ln and "not offered: " in ln and ("upstream offers it" in ln or "upstream does not" in ln), ln
+    assert any("int32[" in ln and "P(sum)" in ln for ln in lines)
+
+
+def test_missing_reason_says_what_the_rule_offers_instead():
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    from dtensor_rules.testing.validator import missing_reason
+
+    s0, r, p = (Shard(0),), (Replicate(),), (Partial(),)
+    combo = ((s0,), (p,))
+    assert missing_reason(combo, {((s0,), (s0,)), ((s0,), (r,)), ((r,), (p,))}, None, "upstream", {combo}) == (
+        "not offered: for these inputs the rule outputs (R), (S(0)); upstream offers it")
+    assert missing_reason(combo, {((r,), (p,))}, None, "upstream", set()) == (
+        "not offered: the rule has no strategy taking these inputs (DTensor redistributes them first); "
+        "upstream does not offer it either")
+    assert missing_reason(combo, set(), "RuntimeError: boom", "ours", None) == (
+        "not offered: the rule raised RuntimeError: boom; ours has no rule")
+
+
+def test_run_sh_says_it_is_installing_before_the_long_first_install(tmp_path):
+    """#18.11: the first `./run.sh` installed torch for ~2.5 minutes without a word. A fake python
+    stands in for venv and pip, so this runs run.sh's real logic in milliseconds."""
+    for name in ("run.sh", "setup.py", "constraints.txt", "constraints-2.14.txt"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    fake = tmp_path / "fakepy"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python"; exit 0; fi\n'
+        'if [ "$1 $2" = "-m pip" ]; then echo "$*" >> "$(dirname "$0")/../pip.log"; exit 0; fi\n'
+        'echo "ran $*"\n'
+    )
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake)}
+    env.pop("EXTRAS", None)
+    env.pop("TORCH_VERSION", None)
+
+    def run() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "run.sh", "status"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+
+    first = run()
+    assert first.returncode == 0 and first.stdout == "ran -m dtensor_rules status\n", first.stderr
+    assert first.stderr == "run.sh: installing dtensor_rules with torch 2.13.0 into .venv (first run, about 2-3 minutes)...\n"
+    assert (tmp_path / ".venv" / "pip.log").read_text().count("pip install") == 1
+    second = run()  # installed: no message, no pip
+    assert second.returncode == 0 and second.stderr == "" and second.stdout == first.stdout
+    assert (tmp_path / ".venv" / "pip.log").read_text().count("pip install") == 1
+
+
+def test_validate_says_when_no_sharded_layout_is_valid(capsys):
+    """0 valid combos is named, with the layouts tried, never a bare "incorrect 0, missing 0"."""
+    assert main(["validate", "--op", "moe_permute_indices", "--mesh", "2"]) == 0
+    out = capsys.readouterr().out
+    assert ": 0 valid combos" in out and "note: no sharded layout is valid on these samples (" in out
+    assert "(0 tried)" not in out

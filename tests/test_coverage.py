@@ -64,6 +64,28 @@ aten.view.default                1      upstream  26          0 us (0 flop, 0 B)
         self.assertTrue(all(isinstance(r.op, torch._ops.OpOverload) for r in report.rows))
 
 
+def test_strategies_count_what_dispatch_runs_and_explain_what_they_cannot_count(monkeypatch) -> None:
+    """#18.11: `coverage` showed "0" strategies unexplained. A strategy without input specs is counted
+    as dispatch runs it; an answer that is not countable shows "-*" with a note under the table."""
+    from dtensor_rules._upstream import TupleStrategy
+    from dtensor_rules.testing import query
+
+    def sliced(x: torch.Tensor) -> torch.Tensor:
+        return (x[1:3] * 2).sum()
+
+    report = coverage(sliced, (torch.randn(6, 4),), mesh_shape=(2,))
+    row = next(r for r in report.rows if r.op == torch.ops.aten.slice_backward.default)
+    assert row.rule == "upstream" and int(row.strategies) > 1 and not row.note  # R and S(1) at least
+
+    real = query.active_strategy
+    tuple_rule = ("op_strategy", lambda schema: TupleStrategy([]))
+    monkeypatch.setattr(query, "active_strategy", lambda op: tuple_rule if op == torch.ops.aten.mul.Tensor else real(op))
+    report = coverage(sliced, (torch.randn(6, 4),), mesh_shape=(2,))
+    row = next(r for r in report.rows if r.op == torch.ops.aten.mul.Tensor)
+    assert (row.strategies, row.note) == ("-*", "a TupleStrategy (one strategy per element of a list argument): not counted as combos")
+    assert report.table().splitlines()[-1] == f"-* aten.mul.Tensor: {row.note}"
+
+
 def test_coverage_main_exits_nonzero_when_an_op_has_no_rule(capsys) -> None:
     rc = coverage_main(["--mesh", "2"], example=lambda: (uses_mystery, (torch.randn(4, 4),)))
     out = capsys.readouterr().out
@@ -101,6 +123,8 @@ class TestMoEBlockGolden(TestCase):
         self.assertExpectedInline(describe_moe_example(), """\
 traced: the demo's MoE block (dim 32, hidden 64, 4 experts top-2, 1 shared, permute_impl='kernel'), bf16, tokens 66x32, forward+backward""")
         report = coverage(*moe_example(), mesh_shape=(2, 2))
+        # #18.11: no bare "0" (slice_backward's rule states no input specs; dispatch lays inputs out as the output)
+        assert not [r.name for r in report.rows if r.strategies.split("-")[0] == "0"], report.table()
         rows = "\n".join(f"{r.name}  {r.calls}  {r.rule}" for r in report.rows)
         if TORCH_VERSION >= (2, 14):  # 2.14's autograd saves the router's detached scores as alias, 2.13 as detach
             self.assertIn("aten.alias.default  2  ours", rows)

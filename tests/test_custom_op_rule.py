@@ -83,3 +83,41 @@ def test_a_wrong_user_rule_is_caught_by_the_validator():
         assert report.ours.incorrect_combos == ["(P(max), P(max)) -> (P(max))"]
     finally:
         dtensor_rules.register(OP, replace=True)(scaled_add_strategy)
+
+
+def test_report_check_refuses_a_vacuous_report_and_checks_a_replicate_only_claim():
+    """#18.11: custom_ops.md's check passed on "0 valid combos". `RuleReport.check` fails there, names
+    why, and checks the Replicate-only claim when the rule states it."""
+    from dtensor_rules.testing import RuleCheckError
+
+    counts = torch.tensor([4, 0, 2, 3, 1, 0, 0, 5], dtype=torch.int32)
+    permute = check_rule(torch.ops.dtensor_rules.moe_permute_indices.default, (counts, 4, 2, 40, 8), {}, (2,))
+    assert permute.valid == 0 and permute.tried > 0 and permute.ours.incorrect == permute.ours.missing == 0
+    with pytest.raises(RuleCheckError, match="0 valid combos of .* layouts tried.*replicate_only=True"):
+        permute.check()
+    permute.check(replicate_only=True)
+
+    good = check_rule(OP, (torch.randn(4, 3), torch.randn(4, 3)), mesh_shape=(2,))
+    good.check(complete=False)  # the toy rule leaves out valid P(avg)/P(max) rows
+    with pytest.raises(RuleCheckError, match=r"misses \d+ valid layout\(s\): \(P\(avg\), P\(avg\)\) -> \(P\(avg\)\) \(sample float32"):
+        good.check()
+    with pytest.raises(RuleCheckError, match="declared Replicate-only, but ground truth accepts"):
+        good.check(replicate_only=True)
+
+    # a rule that offers nothing for an op with valid layouts: a Replicate-only claim that is false
+    dtensor_rules.register(OP, replace=True)(lambda op, args, kwargs: [])
+    try:
+        empty = check_rule(OP, (torch.randn(4, 3), torch.randn(4, 3)), mesh_shape=(2,))
+    finally:
+        dtensor_rules.register(OP, replace=True)(scaled_add_strategy)
+    with pytest.raises(RuleCheckError, match="misses"):
+        empty.check()
+    with pytest.raises(RuleCheckError, match="declared Replicate-only"):
+        empty.check(replicate_only=True)
+    empty.check(complete=False)  # offers nothing wrong; completeness not asked
+
+    # nothing shardable (a 1-element bool tensor on 2 ranks: no Shard fits, no Partial for bool)
+    tiny = check_rule(torch.ops.aten.logical_not.default, (torch.tensor([True]),), {}, (2,))
+    assert tiny.tried == 0
+    with pytest.raises(RuleCheckError, match="no sharded input layout could be tried"):
+        tiny.check(replicate_only=True)

@@ -1,11 +1,14 @@
 """Every ```python block in README.md and docs/*.md runs as written, and every relative link resolves.
 
 Blocks of one file run in order in one namespace (a later block may use an earlier one's
-names), in a fresh subprocess-free namespace per file. Blocks assert their own results.
+names), in a fresh subprocess-free namespace per file. Blocks assert their own results; a
+```text block right after a ```python block is that block's printed output, compared exactly.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 from pathlib import Path
 
@@ -14,6 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 BLOCK = re.compile(r"^```python\n(.*?)^```", flags=re.S | re.M)
+# a python block and the ```text block that follows it (only blank lines between): its expected stdout
+BLOCK_AND_OUTPUT = re.compile(r"^```python\n(.*?)^```\n(?:[ \t]*\n)*(?:```text\n(.*?)^```$)?", flags=re.S | re.M)
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
 # Names a file's blocks must leave behind: proof its last block really ran.
@@ -28,6 +33,11 @@ def python_blocks(path: Path) -> list[str]:
     return BLOCK.findall(path.read_text())
 
 
+def blocks_with_output(path: Path) -> list[tuple[str, str | None]]:
+    """(code, expected stdout or None) per python block, in order."""
+    return [(code, out or None) for code, out in BLOCK_AND_OUTPUT.findall(path.read_text())]
+
+
 def with_blocks() -> list[Path]:
     return [p for p in DOCS if python_blocks(p)]
 
@@ -35,13 +45,35 @@ def with_blocks() -> list[Path]:
 def test_the_docs_exist_and_have_examples() -> None:
     names = {p.name for p in with_blocks()}
     assert {"README.md", "index.md", "writing_rules.md", "custom_ops.md", "device_order.md", "comparison.md"} <= names
+    assert len(python_blocks(ROOT / "README.md")) == len(blocks_with_output(ROOT / "README.md"))
+
+
+def test_the_readme_leads_with_expert_parallel_and_pins_its_output() -> None:
+    """#18.9: the first example is what a trainer should use, and what it prints is checked."""
+    (code, expected), *_ = blocks_with_output(ROOT / "README.md")
+    assert "expert_parallel(" in code and expected is not None
+    paths = {ln.split()[0]: ln for ln in expected.splitlines() if ln.startswith("  ")}
+    assert "all_to_all" in paths["expert_parallel"] and "all_gather" not in paths["expert_parallel"]
+    assert "all_gather" in paths["shard_moe"]
+
+
+def test_an_output_block_is_read_only_right_after_its_code() -> None:
+    # negative control for the pairing: prose between them unpairs, blank lines do not
+    text = "```python\nprint(1)\n```\n\n```text\n1\n```\n```python\nprint(2)\n```\nsays\n```text\n2\n```\n"
+    assert [(c, o or None) for c, o in BLOCK_AND_OUTPUT.findall(text)] == [("print(1)\n", "1\n"), ("print(2)\n", None)]
 
 
 @pytest.mark.parametrize("path", with_blocks(), ids=lambda p: p.name)
 def test_python_blocks_run(path: Path) -> None:
     namespace: dict[str, object] = {"__name__": f"docs_{path.stem}"}
-    for i, code in enumerate(python_blocks(path)):
-        exec(compile(code, f"{path}:block{i}", "exec"), namespace)  # noqa: S102
+    for i, (code, expected) in enumerate(blocks_with_output(path)):
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(compile(code, f"{path}:block{i}", "exec"), namespace)  # noqa: S102
+        if expected is not None:
+            got = [ln.rstrip() for ln in printed.getvalue().rstrip("\n").split("\n")]
+            assert got == [ln.rstrip() for ln in expected.rstrip("\n").split("\n")], (
+                f"{path.name} block {i} printed:\n" + "\n".join(got) + "\nthe ```text block after it says:\n" + expected)
     missing = MUST_DEFINE.get(path.name, set()) - namespace.keys()
     assert not missing, f"{path.name}: the blocks did not define {missing}"
 
@@ -84,3 +116,19 @@ def test_documented_cli_commands_parse(path: Path) -> None:
             build_parser().parse_args(argv)
         except SystemExit as e:
             raise AssertionError(f"{path.name}: documented command rejected by the CLI: {cmd!r}") from e
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_documented_pythonpath_points_at_src(path: Path) -> None:
+    """The package lives in src/ (src layout): `PYTHONPATH=$PWD` would import nothing of it."""
+    bad = [ln for ln in path.read_text().splitlines() if re.search(r"PYTHONPATH=\$PWD(?!/src\b)", ln)]
+    assert not bad, f"{path.name}: PYTHONPATH must name src/: {bad}"
+
+
+@pytest.mark.parametrize("path", with_blocks(), ids=lambda p: p.name)
+def test_a_doc_that_needs_the_test_extra_says_how_to_install_it(path: Path) -> None:
+    """#18.11: writing_rules.md's examples import hypothesis, which only the [test] extra installs."""
+    code = "\n".join(python_blocks(path))
+    needs = sorted(m for m in ("hypothesis", "pytest", "expecttest") if re.search(rf"^\s*(from|import) {m}\b", code, re.M))
+    if needs:
+        assert 'pip install -e ".[test]"' in path.read_text(), f"{path.name} imports {needs}: name the [test] extra's pip command"

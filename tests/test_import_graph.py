@@ -1,8 +1,9 @@
-"""No import cycles between registry, ops, costs and the sample suites (checked statically, ast).
+"""No import cycles among the package's modules, and the layers' direction (checked statically, ast).
 
 Direction: ops -> registry, ops -> costs, ops -> testing.suites, registry -> costs. So:
 costs never imports the registry or ops; the registry never imports ops; the suites never
-import ops. Every import counts, function-level ones included (a lazy import is still a cycle).
+import ops; the planner (redistribute) imports none of the rule machinery. Beyond that, no module may reach itself through imports (``import_cycles``).
+Every import counts, function-level ones included (a lazy import is still a cycle).
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def _files(sub: str) -> list[Path]:
         ("costs", ("dtensor_rules.registry", "dtensor_rules.ops")),
         ("registry.py", ("dtensor_rules.ops",)),
         ("testing/suites", ("dtensor_rules.ops",)),
+        # the planner defines its torch patch; dtensor_rules.load() hands it to the install machinery
+        ("redistribute", ("dtensor_rules.registry", "dtensor_rules.ops", "dtensor_rules.compact")),
     ],
 )
 def test_no_import_against_the_direction(files: str, forbidden: tuple[str, ...]) -> None:
@@ -74,3 +77,112 @@ def test_the_checker_sees_lazy_relative_and_from_package_imports() -> None:
     )
     found = imported_modules(PACKAGE / "costs" / "probe.py", probe)
     assert sorted({line for line, name in found if name.startswith("dtensor_rules.registry")}) == [2, 4, 6]
+
+
+
+# --------------------------------------------------------------------------- no import cycles at all
+# Cycles allowed, each with its reason: (sorted module names) -> why. None today; keep it so.
+ALLOWED_CYCLES: dict[tuple[str, ...], str] = {}
+
+
+def _targets(path: Path, node: ast.stmt, modules: set[str]) -> list[str]:
+    """The package modules one import statement needs: the deepest module each name spells
+    (``from a import b``: ``a.b`` when that is a module, else ``a``)."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        assert isinstance(node, ast.ImportFrom)
+        module = _module_name(path)
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        base = node.module or ""
+        if node.level:
+            anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+            base = ".".join(anchor + ([base] if base else []))
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+    out = []
+    for name in names:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name:
+            out.append(name)
+    return out
+
+
+def import_graph(sources: dict[Path, str] | None = None) -> dict[str, dict[str, int]]:
+    """``module -> {package module it imports -> first line}``, for every module of the package.
+
+    Every import counts: module level, inside functions, under ``TYPE_CHECKING`` (a lazy or
+    type-only import is still a circle in the design). The parent packages Python also runs
+    for ``import a.b`` are not edges, or every submodule would "cycle" with its own package's
+    ``__init__``. ``sources`` replaces some files' text (for the negative control).
+    """
+    sources = sources or {}
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in paths.items():
+        edges: dict[str, int] = {}
+        for node in ast.walk(ast.parse(sources[path] if path in sources else path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target in _targets(path, node, set(paths)):
+                    if target != module:
+                        edges.setdefault(target, node.lineno)
+        graph[module] = edges
+    return graph
+
+
+def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def _describe(graph: dict[str, dict[str, int]], cycle: list[str]) -> str:
+    inside = set(cycle)
+    edges = [f"{m}:{line} -> {t}" for m in cycle for t, line in sorted(graph[m].items()) if t in inside]
+    return " | ".join(edges)
+
+
+def test_no_import_cycles_among_package_modules() -> None:
+    graph = import_graph()
+    assert len(graph) > 50 and graph["dtensor_rules.cli.demo"], "the walk saw the package"
+    cycles = [c for c in import_cycles(graph) if tuple(c) not in ALLOWED_CYCLES]
+    assert not cycles, "import cycles:\n" + "\n".join(_describe(graph, c) for c in cycles)
+    stale = [c for c in ALLOWED_CYCLES if list(c) not in import_cycles(graph)]
+    assert not stale, f"ALLOWED_CYCLES lists cycles that no longer exist: {stale}"
+
+
+def test_the_cycle_finder_sees_a_lazy_cycle_through_a_package_init() -> None:
+    # negative control: a function-level import back from a module its package's __init__ imports
+    path = PACKAGE / "costs" / "op_cost.py"
+    probe = path.read_text() + "\n\ndef _probe():\n    from dtensor_rules.costs import estimate\n"
+    cycles = import_cycles(import_graph({path: probe}))
+    assert any({"dtensor_rules.costs", "dtensor_rules.costs.op_cost"} <= set(c) for c in cycles), cycles

@@ -82,7 +82,7 @@ SCENARIOS = {
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_lazy_import_scenario(name: str) -> None:
     code = PRELUDE + "import torch\n" + textwrap.dedent(SCENARIOS[name]) + "print('OK')\n"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     env.pop("DTENSOR_RULES_NO_INSTALL", None)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]

@@ -76,12 +76,15 @@ def load() -> None:
     from dtensor_rules.costs.flop_counter import register_flop_formulas_on_import
     from dtensor_rules.redistribute import distribute_tensor, plan
     from dtensor_rules.redistribute import redistribute as redistribute_with_order
+    from dtensor_rules.redistribute import order_patches
 
     # ``dtensor_rules.redistribute`` stays the planner *package* (``import dtensor_rules.redistribute as rd``);
     # its ``redistribute`` function is exposed here under a name that does not shadow it.
     names = ("Rule", "RuleError", "get_rule", "install", "installed", "register", "rules", "status", "uninstall")
     globals().update({n: getattr(registry, n) for n in names})
     globals().update(distribute_tensor=distribute_tensor, plan=plan, redistribute_with_order=redistribute_with_order)
+    # the planner's shard_order fixes: defined in redistribute/ (which never imports the registry), applied by install()
+    registry.register_patch(order_patches.NAME, order_patches.apply, order_patches.restore)
     # FlopCounterMode counts ops torch prices at 0, from the first import of torch.utils.flop_counter
     # (idempotent; costs.unregister_flop_formulas undoes it)
     register_flop_formulas_on_import()

@@ -13,11 +13,13 @@ runs), and reports for every op in the graph:
   itself, e.g. ``aten.convolution``) or ``none`` (DTensor fails on it);
 - ``strategies``: how many distinct (input placements, output placements) combos the
   active rule offers on the mesh for the traced shapes (min-max over the op's calls; ``-``
-  where it cannot be asked: decomp, handler, propagation rules; ``err`` if asking failed,
-  see ``CoverageRow.error``). Single-dim rules are expanded to the mesh as dispatch does
-  (placeholders as plain ``Shard``); op-strategy rules are asked with every candidate
-  input layout (R, S(d) on dims of size > 1, P(sum) for floats), so a rule that follows
-  its input counts each layout it accepts;
+  where it cannot be asked: decomp, handler, propagation rules; ``-*`` where the rule
+  answered in a form not counted as combos, with a note under the table saying why, e.g. a
+  ``TupleStrategy``; ``err`` if asking failed, see ``CoverageRow.error``). Single-dim rules
+  are expanded to the mesh as dispatch does (placeholders as plain ``Shard``); op-strategy
+  rules are asked with every candidate input layout (R, S(d) on dims of size > 1, P(sum)
+  for floats), so a rule that follows its input counts each layout it accepts; a strategy
+  that states no input specs counts as dispatch runs it, every input laid out like its output;
 - ``cost``: estimated runtime of all the op's calls on a hardware profile (default
   ``h100``): ``dtensor_rules.costs.runtime(estimate(...))`` summed over the calls, priced
   on meta tensors of the traced shapes, with the summed flops and bytes; ``~`` marks an
@@ -71,6 +73,7 @@ class CoverageRow:
     strategies: str  # "12", "4-9", "-" or "err"
     cost: str
     error: str = ""
+    note: str = ""  # why ``strategies`` is "-*": the rule answered, in a form that is not counted
 
     @property
     def name(self) -> str:
@@ -98,6 +101,7 @@ class CoverageReport:
         counts = {k: sum(r.rule == k for r in self.rows) for k in ("ours", "upstream", "decomp", "handler", "none")}
         mesh = "x".join(map(str, self.mesh_shape))
         lines.append(f"{len(self.rows)} ops on mesh {mesh}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+        lines += [f"-* {r.name}: {r.note}" for r in self.rows if r.note]
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -203,15 +207,25 @@ def _node_args(node: torch.fx.Node, device: str = "cpu") -> tuple[tuple[Any, ...
     return pytree.tree_map(val, (tuple(node.args), dict(node.kwargs)))
 
 
-def _count_strategies(op: OpOverload, args: Any, kwargs: Any, mesh: Any) -> int | None:
-    """Distinct (input, output) placement combos the active rule offers, expanded as dispatch does."""
-    from dtensor_rules.testing.query import active_strategy, emitted_combos
+def _count_strategies(op: OpOverload, args: Any, kwargs: Any, mesh: Any) -> int | str | None:
+    """Distinct (input, output) placement combos the active rule offers, expanded as dispatch does
+    (a strategy that states no input specs: inputs laid out like its output); None where the rule
+    cannot be asked, a string saying why where its answer cannot be counted."""
+    from dtensor_rules._upstream import TupleStrategy
+    from dtensor_rules.testing.query import _input_strategies, _strategy_schema, active_strategy, emitted_combos
     from dtensor_rules.testing.simulate import Sample
 
     active = active_strategy(op)
     if active is None or active[0] not in ("single_dim", "op_strategy"):
         return None
-    return len(emitted_combos(active[0], active[1], op, Sample(args, kwargs), mesh))
+    sample = Sample(args, kwargs)
+    n = len(emitted_combos(active[0], active[1], op, sample, mesh, inputs_follow_output=True))
+    if n == 0 and active[0] == "op_strategy":
+        schema = _strategy_schema(op, sample, _input_strategies(mesh, sample.tensors(), all_candidates=False))
+        if isinstance(active[1](schema), TupleStrategy):
+            return "a TupleStrategy (one strategy per element of a list argument): not counted as combos"
+        return "the rule offers no strategy for these shapes"
+    return n
 
 
 def _si(n: float) -> str:
@@ -284,24 +298,28 @@ def coverage(
             nodes = calls[op]
             source = rule_source(op)
             counts: list[int] = []
-            error = ""
+            error = note = ""
             for node in nodes:
                 try:
                     n = _count_strategies(op, *_node_args(node), mesh)
                 except Exception as e:  # report, do not abort: the table is a diagnostic
                     error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
                     break
-                if n is not None:
+                if isinstance(n, str):
+                    note = n
+                elif n is not None:
                     counts.append(n)
             if error:
                 strategies = "err"
+            elif note:
+                strategies = "-*"
             elif not counts:
                 strategies = "-"
             else:
                 lo, hi = min(counts), max(counts)
                 strategies = str(lo) if lo == hi else f"{lo}-{hi}"
             cost = op_cost(op, nodes, hardware)
-            report.rows.append(CoverageRow(op, len(nodes), source, strategies, cost, error))
+            report.rows.append(CoverageRow(op, len(nodes), source, strategies, cost, error, note))
     return report
 
 
@@ -317,17 +335,17 @@ def _parse_mesh(text: str) -> tuple[int, ...]:
 
 
 def moe_example() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
-    """The MoE block the CLI traces: the demo's own (``demo.DEMO_CONFIG``, ``permute_impl="kernel"``,
+    """The MoE block the CLI traces: the demo's own (``demo_model.DEMO_CONFIG``, ``permute_impl="kernel"``,
     the demo's tokens), in bf16 (``_grouped_mm``'s CPU meta kernel needs it), so ``coverage`` and
     ``demo`` section 2 report on the same model."""
-    from dtensor_rules.cli.demo import demo_inputs, demo_model
+    from dtensor_rules.cli.demo_model import demo_inputs, demo_model
 
     return demo_model(torch.bfloat16, permute_impl="kernel"), (demo_inputs(torch.bfloat16)[0],)
 
 
 def describe_moe_example() -> str:
     """One line naming the traced model, printed by both ``coverage`` and the demo."""
-    from dtensor_rules.cli.demo import DEMO_CONFIG, TOKENS
+    from dtensor_rules.cli.demo_model import DEMO_CONFIG, TOKENS
 
     c = DEMO_CONFIG
     return (f"traced: the demo's MoE block (dim {c.dim}, hidden {c.hidden}, {c.n_experts} experts top-{c.top_k}, "

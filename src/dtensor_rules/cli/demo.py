@@ -23,7 +23,6 @@ the full rule validator is ``python -m dtensor_rules validate`` / ``benchmarks/r
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import sys
@@ -35,28 +34,12 @@ from typing import TextIO
 import torch
 
 from dtensor_rules.cli.demo_ep import section_expert_parallel
+from dtensor_rules.cli.demo_model import DEMO_CONFIG, TOKENS, TOL, demo_inputs, demo_model, within_tolerance
 from dtensor_rules.cli.ui import Steps, header, table
-from dtensor_rules.models.moe import MoE, MoEConfig, shard_moe
+from dtensor_rules.models.moe import MoE, shard_moe
 
-__all__ = ["run_demo", "demo_model", "DEMO_CONFIG", "single_device", "sharded_run", "compare", "flop_rows"]
-
-DEMO_CONFIG = MoEConfig(dim=32, hidden=64, n_experts=4, top_k=2, n_shared=1)
-TOKENS = (66, 32)  # 66 tokens: 33 per "ep" rank, split 17/16 where "tp" shards them (uneven)
-TOL = {torch.float32: "1e-5 (abs and rel)", torch.bfloat16: "2 bf16 ulps of the largest |value|"}
-
-
-def demo_model(dtype: torch.dtype, permute_impl: str = "torch", seed: int = 1) -> MoE:
-    """The demo's MoE block with deterministic weights."""
-    model = MoE(dataclasses.replace(DEMO_CONFIG, permute_impl=permute_impl), dtype=dtype)
-    model.init_weights(seed)
-    return model
-
-
-def demo_inputs(dtype: torch.dtype, shape: tuple[int, ...] = TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokens and the cotangent for backward (float32 draws cast to ``dtype``: same values for every dtype)."""
-    x = torch.randn(shape, generator=torch.Generator().manual_seed(3)).to(dtype)
-    cot = torch.randn(shape, generator=torch.Generator().manual_seed(7)).to(dtype)
-    return x, cot
+__all__ = ["run_demo", "demo_model", "demo_inputs", "within_tolerance", "DEMO_CONFIG", "TOKENS", "single_device",
+           "sharded_run", "compare", "flop_rows"]
 
 
 @contextlib.contextmanager
@@ -130,19 +113,6 @@ def _copies(t: torch.Tensor) -> list[torch.Tensor]:
     from dtensor_rules.testing import local_shards
 
     return local_shards(t)
-
-
-def within_tolerance(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> bool:
-    """float32: 1e-5 abs and rel; bf16: 2 ulps (2 * 2**-7) of the largest |value| abs, 2% rel."""
-    if dtype == torch.float32:
-        atol, rtol = 1e-5, 1e-5
-    else:
-        atol, rtol = 2 * 2**-7 * want.abs().max().item(), 2e-2
-    try:
-        torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=rtol)
-    except AssertionError:
-        return False
-    return True
 
 
 def single_device(dtype: torch.dtype) -> tuple[MoE, torch.Tensor, torch.Tensor, list[str], list[torch.Tensor]]:

@@ -63,7 +63,7 @@ def _layout(t: torch.Tensor) -> tuple[str, str]:
 
 def section_expert_parallel(mesh_shape: tuple[int, ...], out: TextIO) -> bool:
     """Run the EP step and the gather-path step on a simulated mesh; print layouts and collectives."""
-    from dtensor_rules.cli.demo import demo_inputs, demo_model, within_tolerance
+    from dtensor_rules.cli.demo_model import demo_inputs, demo_model, within_tolerance
     from dtensor_rules.models import expert_parallel, shard_moe, token_placements
     from dtensor_rules.testing import simulated_mesh
 

@@ -8,21 +8,47 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 
 HARDWARE = ("h100", "h200", "a100", "b200", "cpu")  # dtensor_rules.costs profiles (tests/test_cli.py checks the list)
+# every command runs all ranks of its mesh in this one process (simulated or fake), and validate's
+# work grows with the rank count times the layouts per mesh dim: 16 ranks (4x4, 2x2x4) stays minutes
+MAX_RANKS = 16
 
 
 def parse_mesh(text: str) -> tuple[int, ...]:
-    """'2' -> (2,), '2x2' -> (2, 2), '2x2x2' -> (2, 2, 2)."""
+    """'2' -> (2,), '2x2' -> (2, 2), '2x2x2' -> (2, 2, 2); at most 3 dims and MAX_RANKS ranks."""
     try:
         shape = tuple(int(p) for p in text.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"mesh must look like 2, 2x2 or 2x2x2, got {text!r}") from None
     if not 1 <= len(shape) <= 3 or any(s < 1 for s in shape):
         raise argparse.ArgumentTypeError(f"mesh must have 1 to 3 positive dims, got {text!r}")
+    ranks = math.prod(shape)
+    if ranks > MAX_RANKS:
+        raise argparse.ArgumentTypeError(
+            f"mesh must have at most {MAX_RANKS} ranks (every rank runs in this one process), "
+            f"got {text!r} = {ranks} ranks; use e.g. 4x4 or 2x2x4")
     return shape
+
+
+DESCRIPTIONS = {
+    "demo": "Run the DeepSeekV3-style MoE block on a simulated ('ep', 'tp') mesh, every rank in this "
+            "process: op coverage, sharded = single device (fp32 and bf16, output and all gradients), a "
+            "planned redistribute, per-op costs, and expert parallelism next to the gather path. "
+            "Exit status 0 when every check holds.",
+    "validate": "Check our sharding rule and upstream's for one op against ground truth: every layout "
+                "a rule offers is run on a simulated mesh and compared with plain torch on the full tensor "
+                "(correct or incorrect), and every valid layout a rule does not offer is its missing one "
+                "(-v lists ours, each with why). Exit status 1 if our rule offers an incorrect layout.",
+    "status": "List every op this package has a rule for: whether upstream has one too, which one is "
+              "active in DTensor's dispatch, and why (the install policy's measured comparison).",
+    "coverage": "Trace the demo's MoE block forward+backward (make_fx) and list, per op, where its sharding "
+                "rule comes from (ours, upstream, decomposition, handler), how many strategies it offers on "
+                "the mesh, and its cost on the chosen hardware. Exit status 1 if an op has no rule.",
+}
 
 
 def _load() -> None:
@@ -48,9 +74,16 @@ def _validate(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_json()))
     else:
         print(report.summary())
+        if report.valid == 0:  # "incorrect 0, missing 0" would hold for any rule that offers nothing
+            print(f"  note: no sharded layout is valid on these samples ({report.tried} tried): the op is "
+                  "Replicate-only here, and the counts above say only that a rule offers no sharded layout")
         if args.verbose:
-            for c in report.ours.missing_combos:
-                print(f"    ours missing: {c}")
+            for c, why in zip(report.ours.missing_combos, report.ours.missing_reasons):
+                print(f"    ours missing: {c}  ({why})")
+            if report.ours.missing_combos:
+                rule = registry.get_rule(op)
+                print(f"    (which layouts the rule offers and why: its strategy table, "
+                      f"dtensor_rules.get_rule({str(op)!r}).doc, in {rule.module or 'its module'})")
     return 1 if report.ours.incorrect else 0
 
 
@@ -83,19 +116,21 @@ def build_parser() -> argparse.ArgumentParser:
     """The whole CLI (no torch import: ``--help`` and typos stay instant)."""
     parser = argparse.ArgumentParser(prog="python -m dtensor_rules", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,validate,status,coverage}")
-    p = sub.add_parser("demo", help="run the MoE demo on a simulated mesh (about a minute)")
+    p = sub.add_parser("demo", help="run the MoE demo on a simulated mesh (about a minute)", description=DESCRIPTIONS["demo"])
     p.add_argument("--mesh", type=parse_mesh, default=(2, 2), help="2-D ('ep', 'tp') mesh, default 2x2")
     p.set_defaults(fn=_demo)
-    p = sub.add_parser("validate", help="validate ours vs upstream's rule for an op against ground truth")
+    p = sub.add_parser("validate", help="validate ours vs upstream's rule for an op against ground truth",
+                       description=DESCRIPTIONS["validate"])
     p.add_argument("--op", required=True, help="e.g. fma, cumsum, moe_permute_indices, aten._softmax_backward_data.default")
-    p.add_argument("--mesh", type=parse_mesh, default=(2,), help="2, 2x2 or 2x2x2")
+    p.add_argument("--mesh", type=parse_mesh, default=(2,), help=f"2, 2x2 or 2x2x2 (at most {MAX_RANKS} ranks)")
     p.add_argument("--json", action="store_true", help="print only one JSON document on stdout")
-    p.add_argument("-v", "--verbose", action="store_true", help="list the combos our rule misses")
+    p.add_argument("-v", "--verbose", action="store_true", help="list the layouts our rule misses, each with why")
     p.set_defaults(fn=_validate)
-    p = sub.add_parser("status", help="which ops have our rule, upstream's, and which is active")
+    p = sub.add_parser("status", help="which ops have our rule, upstream's, and which is active", description=DESCRIPTIONS["status"])
     p.set_defaults(fn=_status)
-    p = sub.add_parser("coverage", help="trace the demo's MoE block and list each op's rule source and cost")
-    p.add_argument("--mesh", type=parse_mesh, default=(2, 2))
+    p = sub.add_parser("coverage", help="trace the demo's MoE block and list each op's rule source and cost",
+                       description=DESCRIPTIONS["coverage"])
+    p.add_argument("--mesh", type=parse_mesh, default=(2, 2), help=f"mesh shape, e.g. 2x2 (at most {MAX_RANKS} ranks)")
     p.add_argument("--hardware", choices=HARDWARE, default="h100", help="cost model profile for the cost column")
     p.set_defaults(fn=_coverage)
     return parser

@@ -32,7 +32,8 @@ from torch.utils import _pytree as pytree
 
 from dtensor_rules.costs._util import CostError
 from dtensor_rules.costs.hardware import Hardware, get_hardware
-from dtensor_rules.costs.op_cost import OpCost, estimate_call
+from dtensor_rules.costs.estimator import estimate_call
+from dtensor_rules.costs.op_cost import OpCost
 from dtensor_rules.costs.rule_source import rule_for
 from dtensor_rules.costs.runtime import runtime
 

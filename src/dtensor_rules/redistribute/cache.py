@@ -35,7 +35,7 @@ from dtensor_rules.redistribute.layout import State
 from dtensor_rules.redistribute.topology import Topology
 
 if TYPE_CHECKING:
-    from dtensor_rules.redistribute.planner import Plan
+    from dtensor_rules.redistribute.steps import Plan
 
 __all__ = ["PlanKey", "BY_SRC", "BY_ARGS", "ENTRY", "remember_args", "recall", "lookup", "store", "clear_plan_cache"]
 

@@ -14,8 +14,10 @@
    DCP is heavy to import (~70 ms), so this half waits for the user's first import of it
    (``_upstream.checkpoint.on_planner_helpers_imported``) when ``install()`` runs before that.
 
-Both are registered with ``registry.register_patch``: a full ``dtensor_rules.install()`` applies
-them, ``uninstall()`` puts the original function objects back.
+This module only defines the patch (:data:`NAME`, :func:`apply`, :func:`restore`) and imports
+nothing of the rule registry; ``dtensor_rules.load()`` hands it to the install machinery, so a
+full ``dtensor_rules.install()`` applies it and ``uninstall()`` puts the original function
+objects back.
 """
 
 from __future__ import annotations
@@ -35,11 +37,10 @@ from dtensor_rules._upstream.checkpoint import (
     on_planner_helpers_imported,
 )
 
-from dtensor_rules.registry import register_patch
+__all__ = ["has_custom_order", "checkpoint_shape_and_offset", "NAME", "apply", "restore"]
 
-__all__ = ["has_custom_order", "checkpoint_shape_and_offset"]
-
-_orig: dict[str, object] = {}  # what _apply replaced: "shallow"; once DCP is patched, "helpers", "write", "chunk"
+NAME = "shard_order"
+_orig: dict[str, object] = {}  # what apply() replaced: "shallow"; once DCP is patched, "helpers", "write", "chunk"
 _cancel_dcp: list[Callable[[], None]] = []  # while applied: forgets the DCP half if DCP is not imported yet
 
 
@@ -90,19 +91,18 @@ def _patch_dcp(ph: ModuleType) -> None:
     setattr(ph, CHUNK, _chunk)
 
 
-def _apply() -> None:
+def apply() -> None:
+    """Install both fixes (the DCP half now if DCP is imported, else at its first import)."""
     _orig["shallow"] = DTensorSpec.__dict__["shallow_copy_with_tensor_meta"]
     DTensorSpec.shallow_copy_with_tensor_meta = _shallow_copy_with_tensor_meta
     _cancel_dcp.append(on_planner_helpers_imported(_patch_dcp))  # now if DCP is imported, else at its import
 
 
-def _restore() -> None:
+def restore() -> None:
+    """Put back exactly the function objects :func:`apply` replaced."""
     DTensorSpec.shallow_copy_with_tensor_meta = _orig.pop("shallow")
     _cancel_dcp.pop()()
     if "helpers" in _orig:
         ph = _orig.pop("helpers")
         setattr(ph, WRITE_ITEMS, _orig.pop("write"))
         setattr(ph, CHUNK, _orig.pop("chunk"))
-
-
-register_patch("shard_order", _apply, _restore)

@@ -18,7 +18,7 @@ from typing import Any
 
 _HOME = {
     "simulated_mesh": "mesh", "fake_world": "mesh", "run_gloo": "mesh", "local_shards": "shards",
-    "check_rule": "validator", "check_samples": "validator", "RuleReport": "validator", "SideReport": "validator",
+    "check_rule": "validator", "check_samples": "validator", "RuleReport": "validator", "RuleCheckError": "validator", "SideReport": "validator",
 }
 __all__ = list(_HOME)
 

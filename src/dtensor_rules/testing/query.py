@@ -145,7 +145,8 @@ def active_strategy(op: OpOverload) -> tuple[str, Any] | None:
     return None
 
 
-def emitted_combos(kind: str, fn: Any, op: OpOverload, sample: Sample, mesh: DeviceMesh) -> set[Combo]:
+def emitted_combos(kind: str, fn: Any, op: OpOverload, sample: Sample, mesh: DeviceMesh,
+                   inputs_follow_output: bool = False) -> set[Combo]:
     """All (inputs, outputs) placement combos the strategy function offers for ``sample``.
 
     For ``out=`` / in-place ops the aliased tensor's runtime placement decides what dispatch
@@ -153,6 +154,8 @@ def emitted_combos(kind: str, fn: Any, op: OpOverload, sample: Sample, mesh: Dev
     strategy is queried once per candidate placement of the aliased tensor(s) and the union
     is returned. An ``out=`` tensor is never redistributed (dispatch writes the local result
     into it and relabels it), so its placement in a combo is always its output's.
+    ``inputs_follow_output``: count an op strategy that states no input specs as dispatch runs
+    it (every tensor input laid out like the output); by default such strategies are skipped.
     """
     tensors = sample.tensors()
     n_out = _num_outputs(op)
@@ -194,7 +197,7 @@ def emitted_combos(kind: str, fn: Any, op: OpOverload, sample: Sample, mesh: Dev
                 if fixed and "in-place operations that require placement changes" in str(e):
                     continue  # no strategy keeps self's placement: dispatch would refuse this layout
                 raise
-            for ins, outs in _combos_from(strategy, n_out):
+            for ins, outs in _combos_from(strategy, n_out, len(tensors) if inputs_follow_output else None):
                 for i in alias.inplace:
                     if ins[i] != fixed[i]:
                         raise ValueError(
@@ -246,12 +249,14 @@ def _all_aliased_candidates(alias: Aliasing, tensors: Sequence[torch.Tensor], nd
     return [dict(zip(idxs, pick)) for pick in itertools.product(*choices)]
 
 
-def _combos_from(strategy: Any, n_out: int) -> set[Combo]:
+def _combos_from(strategy: Any, n_out: int, n_in: int | None = None) -> set[Combo]:
     combos: set[Combo] = set()
     if isinstance(strategy, TupleStrategy):
         return combos  # list-in/list-out strategies are validated per child elsewhere
     for spec in strategy.strategies:
         if spec.input_specs is None:
+            if n_in is not None and isinstance(spec.output_specs, DTensorSpec):  # dispatch: inputs as the output
+                combos.add(((tuple(spec.output_specs.placements),) * n_in, (tuple(spec.output_specs.placements),)))
             continue
         outs = spec.output_specs
         if isinstance(outs, DTensorSpec):

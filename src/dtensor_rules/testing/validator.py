@@ -30,7 +30,7 @@ from dtensor_rules.testing.mesh import fake_world
 from dtensor_rules.testing.query import PARTIAL_OPS, Combo, candidate_placements, emitted_combos
 from dtensor_rules.testing.simulate import NDPlacement, Sample, as_outputs, check_output, run_ranks
 
-__all__ = ["check_rule", "check_samples", "RuleReport", "SideReport", "format_combo"]
+__all__ = ["check_rule", "check_samples", "RuleReport", "RuleCheckError", "SideReport", "format_combo", "missing_reason"]
 
 
 @dataclass
@@ -43,6 +43,8 @@ class SideReport:
     missing: int = 0
     incorrect_combos: list[str] = field(default_factory=list)
     missing_combos: list[str] = field(default_factory=list)
+    # why each of ``missing_combos`` is missing (same order): what the rule offers instead
+    missing_reasons: list[str] = field(default_factory=list)
     error: str | None = None
 
     def merge(self, other: SideReport) -> None:
@@ -52,6 +54,7 @@ class SideReport:
         self.missing += other.missing
         self.incorrect_combos += other.incorrect_combos
         self.missing_combos += other.missing_combos
+        self.missing_reasons += other.missing_reasons
         self.error = self.error or other.error
 
     def counts(self) -> dict[str, int]:
@@ -67,6 +70,9 @@ class RuleReport:
     ours: SideReport
     upstream: SideReport
     sampled: bool = False
+    # sharded input layouts run against ground truth (N-D mesh: the 1-D ones per mesh dim size, then the
+    # N-D candidates); 0: the sample proves nothing
+    tried: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -74,6 +80,7 @@ class RuleReport:
             "mesh": list(self.mesh_shape),
             "samples": self.samples,
             "ground_truth_valid": self.valid,
+            "layouts_tried": self.tried,
             "ours": self.ours.counts(),
             "upstream": self.upstream.counts(),
         }
@@ -86,12 +93,55 @@ class RuleReport:
             return f"  {name:9s} correct {s.correct:4d}  incorrect {s.incorrect:3d}  missing {s.missing:4d}{extra}"
 
         mesh = "x".join(map(str, self.mesh_shape))
-        lines = [f"{self.op} on mesh {mesh}: {self.valid} valid combos over {self.samples} sample(s)"]
+        lines = [f"{self.op} on mesh {mesh}: {self.valid} valid combos over {self.samples} sample(s), "
+                 f"{self.tried} sharded input layouts tried"]
         lines += [side("ours", self.ours), side("upstream", self.upstream)]
         for label, combos in (("ours INCORRECT", self.ours.incorrect_combos), ("upstream INCORRECT", self.upstream.incorrect_combos)):
             for c in combos[:5]:
                 lines.append(f"    {label}: {c}")
         return "\n".join(lines)
+
+
+    def check(self, *, complete: bool = True, replicate_only: bool = False) -> None:
+        """Raise :class:`RuleCheckError` unless this report proves our rule right.
+
+        Fails when our rule offers an incorrect layout, misses a valid one (``complete``), or the
+        report is vacuous: 0 valid combos means "incorrect 0, missing 0" holds for ANY rule that
+        offers nothing. A rule that is Replicate-only by design states it with
+        ``replicate_only=True``: then the check is that sharded layouts were tried, none is
+        valid, and ours offers none.
+        """
+        mesh = "x".join(map(str, self.mesh_shape))
+        where = f"{self.op} on mesh {mesh} ({self.samples} sample(s))"
+        problems = []
+        if self.tried == 0:
+            problems.append("no sharded input layout could be tried (every tensor too small to shard on this "
+                            "mesh?): the check proves nothing; use larger samples")
+        if self.ours.error:
+            problems.append(f"our rule raised: {self.ours.error}")
+        if self.ours.incorrect:
+            problems.append(f"our rule offers {self.ours.incorrect} incorrect layout(s): " + "; ".join(self.ours.incorrect_combos[:5]))
+        offered = self.ours.correct + self.ours.incorrect
+        if replicate_only:
+            if self.valid:
+                problems.append(f"declared Replicate-only, but ground truth accepts {self.valid} sharded layout(s): "
+                                + "; ".join(self.ours.missing_combos[:5] or ["(offered by our rule)"]))
+            if offered:
+                problems.append(f"declared Replicate-only, but our rule offers {offered} sharded layout(s)")
+        elif self.valid == 0 and self.tried:
+            problems.append(
+                f"0 valid combos of {self.tried} layouts tried: 'incorrect 0, missing 0' would hold for any rule "
+                "that offers nothing. Use samples on which some sharded layout is valid, or, if the op is "
+                "Replicate-only by design, check that claim: report.check(replicate_only=True)")
+        elif complete and self.ours.missing:
+            shown = [f"{c} ({why})" for c, why in zip(self.ours.missing_combos[:5], self.ours.missing_reasons)]
+            problems.append(f"our rule misses {self.ours.missing} valid layout(s): " + "; ".join(shown))
+        if problems:
+            raise RuleCheckError(f"{where}: " + "\n  ".join(problems))
+
+
+class RuleCheckError(AssertionError):
+    """A :class:`RuleReport` that does not prove the rule right (see :meth:`RuleReport.check`)."""
 
 
 def _pstr(p: Placement) -> str:
@@ -228,7 +278,8 @@ def _trivial(combo: Combo, skip: Iterable[int] = ()) -> bool:
     return all(isinstance(p, Replicate) for i, pl in enumerate(combo[0]) if i not in skip for p in pl)
 
 
-def _ground_truth_1d(oracle: _Oracle, tensors: list[torch.Tensor], size: int, partial_ops: Sequence[str], progress: bool) -> set[Combo]:
+def _ground_truth_1d(oracle: _Oracle, tensors: list[torch.Tensor], size: int, partial_ops: Sequence[str], progress: bool,
+                     tried: list[int] | None = None) -> set[Combo]:
     """Every valid combo on a 1-D mesh: all input layouts x all output placements.
 
     An ``out=`` tensor is not enumerated as an input: each layout runs once with an empty
@@ -243,6 +294,8 @@ def _ground_truth_1d(oracle: _Oracle, tensors: list[torch.Tensor], size: int, pa
     out_cands = [[(p,) for p in candidate_placements(t, partial_ops)] for t in oracle.variants[0][1]]
     layouts = [c for c in itertools.product(*in_cands) if not all(pl is None or isinstance(pl[0], Replicate) for pl in c)]
     layouts = [c for c in layouts if all(pl is None or _shardable(t, pl, (size,)) for t, pl in zip(tensors, c))]
+    if tried is not None:
+        tried.append(len(layouts))
     bar = _Progress(len(layouts), f"{oracle.op} ground truth", progress)
     valid: set[Combo] = set()
     for ins in layouts:
@@ -317,15 +370,17 @@ def check_rule(
 
     emitted_any = [c for combos, _ in emitted.values() for c in combos or ()]
     sampled = False
+    counted: list[int] = []  # sharded 1-D input layouts each ground truth ran
     if len(mesh_shape) == 1:
-        truth = _ground_truth_1d(oracle, tensors, mesh_shape[0], partial_ops, progress)
+        truth = _ground_truth_1d(oracle, tensors, mesh_shape[0], partial_ops, progress, counted)
+        tried = counted[0]
         # layouts no enumeration holds (a masked index): an emitted one that reproduces the truth is valid
         truth |= {c for c in emitted_any if c not in truth and admitted(c)}
     else:
         by_size: dict[int, list[Combo]] = {}  # mesh dims of equal size share one 1-D ground truth
         for size in sorted(set(mesh_shape)):
             sub = _Oracle(op, sample, (size,), tol_scale, alias)
-            by_size[size] = sorted(_ground_truth_1d(sub, tensors, size, partial_ops, False), key=format_combo)
+            by_size[size] = sorted(_ground_truth_1d(sub, tensors, size, partial_ops, False, counted), key=format_combo)
         per_dim = [by_size[size] for size in mesh_shape]
         products = itertools.product(*per_dim)
         n_products = math.prod(len(d) + 0 for d in per_dim)
@@ -336,6 +391,7 @@ def check_rule(
             sampled = True
             candidates = random.Random(seed).sample(candidates, min(max_nd_combos, len(candidates)))
         candidates.extend(emitted_any)
+        tried = sum(counted) + sum(1 for c in candidates if not _trivial(c, alias.out))  # 1-D per mesh dim size, then N-D
         bar = _Progress(len(candidates), f"{op} on {mesh_shape}", progress)
         truth = set()
         for c in candidates:
@@ -346,6 +402,8 @@ def check_rule(
     norm = lambda c: _normalize(c, in_shapes, out_shapes)  # noqa: E731
     truth_n = {norm(c) for c in truth if not _trivial(norm(c), alias.out)}
     reports = {}
+    offered = {name: {norm(c) for c in combos or ()} for name, (combos, _) in emitted.items()}
+    described = f"{_describe(tensors)} -> {_describe(oracle.variants[0][1])}"
     for name, (combos, error) in emitted.items():
         if combos is None:
             reports[name] = SideReport(has_rule=False, missing=len(truth_n))
@@ -357,16 +415,43 @@ def check_rule(
                 continue
             (good if (c in truth or oracle.valid(c)) else bad).add(n)
         good -= bad
+        missing = sorted(truth_n - good - bad, key=format_combo)
+        other = "upstream" if name == "ours" else "ours"
         reports[name] = SideReport(
             has_rule=True,
             correct=len(good),
             incorrect=len(bad),
-            missing=len(truth_n - good - bad),
+            missing=len(missing),
             incorrect_combos=sorted(map(format_combo, bad)),
-            missing_combos=sorted(map(format_combo, truth_n - good - bad)),
+            missing_combos=[format_combo(c) for c in missing],
+            missing_reasons=[f"sample {described}: " + missing_reason(c, offered[name], error, other, offered[other]
+                                                                    if emitted[other][0] is not None else None)
+                             for c in missing],
             error=error,
         )
-    return RuleReport(str(op), mesh_shape, 1, len(truth_n), reports["ours"], reports["upstream"], sampled)
+    return RuleReport(str(op), mesh_shape, 1, len(truth_n), reports["ours"], reports["upstream"], sampled, tried)
+
+
+def _describe(tensors: Sequence[torch.Tensor]) -> str:
+    """``int32[4, 6], int64[4]``: what a sample's tensors are (a reason often depends on the dtypes)."""
+    return ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in tensors)
+
+
+def missing_reason(combo: Combo, offered: set[Combo], error: str | None, other: str, other_offered: set[Combo] | None) -> str:
+    """Why a rule lacks a layout that ground truth accepts: what it offers for those inputs
+    instead (or that it takes no strategy with them), and whether the other side offers it."""
+    if error:
+        why = f"not offered: the rule raised {error}"
+    else:
+        instead = sorted(format_combo(((), outs)).removeprefix("() -> ") for ins, outs in offered if ins == combo[0])
+        if instead:
+            shown = ", ".join(instead[:3]) + (f" and {len(instead) - 3} more" if len(instead) > 3 else "")
+            why = f"not offered: for these inputs the rule outputs {shown}"
+        else:
+            why = "not offered: the rule has no strategy taking these inputs (DTensor redistributes them first)"
+    if other_offered is None:
+        return f"{why}; {other} has no rule"
+    return f"{why}; {other} {'offers it' if combo in other_offered else 'does not offer it either'}"
 
 
 def _stack(parts: Sequence[Combo]) -> Combo:
@@ -403,6 +488,7 @@ def check_samples(
         total.samples += 1
         total.valid += r.valid
         total.sampled = total.sampled or r.sampled
+        total.tried += r.tried
         total.ours.merge(r.ours)
         total.upstream.merge(r.upstream)
     if total is None:

@@ -1,0 +1,24 @@
+"""benchmarks/planner_vs_upstream.py --quick is a smoke run: bounded work, tables on stdout, readable
+progress on stderr (#18.11: it ran > 5 min and printed raw dicts on stderr). No timing is asserted."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_planner_benchmark_quick_leaves_out_the_heavy_configs_and_prints_no_raw_dicts() -> None:
+    # (run as a subprocess: importing the script would set DTENSOR_RULES_NO_INSTALL in this process)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    run = subprocess.run([sys.executable, "benchmarks/planner_vs_upstream.py", "--quick", "--only", "2x2x2x2", "--n", "1"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stderr.splitlines()
+    assert lines[0].startswith("planner_vs_upstream: --quick leaves out 3 4-D mesh x 4-D tensor config(s)")
+    assert len(lines) == 2 and lines[1].startswith("planner_vs_upstream: 1/1 mesh (2, 2, 2, 2) tensor (256, 256, 256)")
+    assert "{" not in run.stderr
+    assert "| (2, 2, 2, 2) | (256, 256, 256) | even | 1 |" in run.stdout
