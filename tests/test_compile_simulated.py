@@ -3,7 +3,7 @@
 These pin upstream behaviour (``LocalTensorMode``, torch 2.13 and 2.14.1), so that the docs'
 "Why not on the simulated mesh" is revisited when upstream lifts a limit: then a test fails.
 Compiled runs of the package's code are on real gloo ranks (tests/test_moe_compile.py and the
-recipe in docs/compile.md, run by tests/test_docs.py).
+recipe in docs/compile.md, run by tests/test_docs_scripts.py).
 """
 
 from __future__ import annotations

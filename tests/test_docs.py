@@ -2,17 +2,11 @@
 
 Blocks of one file run in order in one namespace (a later block may use an earlier one's
 names), in a fresh subprocess-free namespace per file. Blocks assert their own results.
-A block whose first line is ``# script: NAME.py`` is a whole program for the reader to save and
-run (e.g. one that spawns gloo ranks with ``run_gloo``, which must import its functions from a
-file): it is saved as NAME.py and run with ``python NAME.py`` in a fresh process instead.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +14,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 BLOCK = re.compile(r"^```python\n(.*?)^```", flags=re.S | re.M)
-SCRIPT = re.compile(r"# script: (\w+\.py)\n")
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
 # Names a file's blocks must leave behind: proof its last block really ran.
@@ -32,13 +25,7 @@ MUST_DEFINE = {
 
 
 def python_blocks(path: Path) -> list[str]:
-    """The blocks run in this process (script blocks excluded)."""
-    return [b for b in BLOCK.findall(path.read_text()) if not SCRIPT.match(b)]
-
-
-def script_blocks() -> list[tuple[Path, str, str]]:
-    """(doc, file name, code) of every ``# script: NAME.py`` block."""
-    return [(p, m.group(1), b) for p in DOCS for b in BLOCK.findall(p.read_text()) if (m := SCRIPT.match(b))]
+    return BLOCK.findall(path.read_text())
 
 
 def with_blocks() -> list[Path]:
@@ -57,22 +44,6 @@ def test_python_blocks_run(path: Path) -> None:
         exec(compile(code, f"{path}:block{i}", "exec"), namespace)  # noqa: S102
     missing = MUST_DEFINE.get(path.name, set()) - namespace.keys()
     assert not missing, f"{path.name}: the blocks did not define {missing}"
-
-
-def test_compile_recipe_is_a_script() -> None:
-    assert [(p.name, name) for p, name, _ in script_blocks()] == [("compile.md", "compile_moe.py")]
-
-
-@pytest.mark.parametrize("path,name,code", script_blocks(), ids=lambda v: v if isinstance(v, str) and v.endswith(".py") else "")
-def test_script_blocks_run(path: Path, name: str, code: str, tmp_path: Path) -> None:
-    """``python NAME.py`` as the doc says, from a fresh folder, with this checkout's package."""
-    (tmp_path / name).write_text(code)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
-    run = subprocess.run([sys.executable, name], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, f"{path.name}: python {name} exited {run.returncode}:\n{run.stdout}\n{run.stderr[-4000:]}"
-    assert "Traceback" not in run.stderr, f"{path.name}: python {name} printed a traceback:\n{run.stderr[-4000:]}"
-    errors = [ln for ln in run.stderr.splitlines() if re.match(r"(\[rank\d+\]:)?E\d{4} ", ln)]
-    assert not errors, f"{path.name}: python {name} logged errors:\n" + "\n".join(errors[:10])
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
