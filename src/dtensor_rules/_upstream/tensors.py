@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch.distributed._local_tensor import (
     LocalTensor,
     LocalTensorMode,
     enabled_local_tensor_mode,
+    maybe_disable_local_tensor_mode,
     maybe_run_for_local_tensor,
     rank_map,
 )
@@ -24,9 +26,11 @@ __all__ = [
     "compute_local_stride",
     "enabled_local_tensor_mode",
     "local_tensor",
+    "maybe_disable_local_tensor_mode",
     "maybe_run_for_local_tensor",
     "mesh_coordinate",
     "num_devices_per_host",
+    "per_rank_copies",
     "rank_map",
     "rank_tensors",
     "set_spec",
@@ -64,3 +68,18 @@ def num_devices_per_host(device_type: str) -> int:
 def rank_tensors(t: Any) -> dict[int, Any] | None:
     """rank -> that rank's tensor of a simulated (LocalTensor) tensor; None for a plain tensor."""
     return dict(t._local_tensors) if isinstance(t, LocalTensor) else None
+
+
+def per_rank_copies(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a simulated tensor with its own copy on every rank, under an enabled ``LocalTensorMode``.
+
+    Why: a plain tensor made outside the mode stays ONE tensor when upstream's
+    ``distribute_tensor`` replicates it (the broadcast is a no-op on it), so every simulated
+    rank's shard is the same storage and an in-place update (an optimizer step) lands once per
+    rank. A ``LocalTensor`` is returned as it is; outside the mode (a real process group) ``t``.
+    """
+    mode = enabled_local_tensor_mode()
+    if mode is None or isinstance(t, LocalTensor):
+        return t
+    value = t.detach()
+    return mode.rank_map(lambda _rank: value.clone(memory_format=torch.preserve_format))

@@ -99,16 +99,24 @@ class MoE(nn.Module):
         self.init_weights(0)
 
     def init_weights(self, seed: int) -> None:
-        """Deterministic init from ``seed`` (a private generator; the global RNG is untouched)."""
+        """Deterministic init from ``seed`` (a private generator; the global RNG is untouched).
+
+        The values are drawn outside any simulated mesh: under ``LocalTensorMode`` a draw from
+        one generator runs once per simulated rank and would give every rank other weights.
+        """
+        from dtensor_rules._upstream import maybe_disable_local_tensor_mode
+
         g = torch.Generator().manual_seed(seed)
+        with maybe_disable_local_tensor_mode():
+            values = [torch.randn(p.shape, generator=g, dtype=torch.float32) for p in self.parameters()]
+            bias = torch.randn(self.config.n_experts, generator=g) * 0.05
         with torch.no_grad():
-            for p in self.parameters():
+            for p, v in zip(self.parameters(), values):
                 fan_in = p.shape[-2] if p.ndim == 3 else p.shape[-1]
-                std = 1.0 / math.sqrt(fan_in)
-                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * std)
+                p.copy_(v * (1.0 / math.sqrt(fan_in)))
             if self.expert_bias is not None:
                 # a visible but small bias, so the selection path is exercised
-                self.expert_bias.copy_(torch.randn(self.config.n_experts, generator=g) * 0.05)
+                self.expert_bias.copy_(bias)
 
     # ------------------------------------------------------------------ pieces
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -277,14 +285,22 @@ def shard_moe(module: MoE, mesh: torch.distributed.device_mesh.DeviceMesh) -> Mo
 def distribute_params(module: MoE, mesh: torch.distributed.device_mesh.DeviceMesh,
                       plan: dict[str, tuple], bias_placements: tuple) -> MoE:
     """Replace each parameter named in ``plan`` by a DTensor laid out as planned (in place); the
-    routing bias (a buffer, not trained) gets ``bias_placements``."""
+    routing bias (a buffer, not trained) gets ``bias_placements``.
+
+    On a simulated mesh every rank gets its own copy first (``per_rank_copies``): the module's
+    tensors were made outside ``LocalTensorMode``, and a replicated one would otherwise be one
+    tensor shared by all simulated ranks, stepped once per rank by an optimizer.
+    """
     from torch.distributed.tensor import distribute_tensor
+
+    from dtensor_rules._upstream import per_rank_copies
 
     for name, placements in plan.items():
         p = getattr(module, name)
         if p is None:
             continue
-        setattr(module, name, nn.Parameter(distribute_tensor(p.detach(), mesh, placements), p.requires_grad))
+        local = per_rank_copies(p.detach())
+        setattr(module, name, nn.Parameter(distribute_tensor(local, mesh, placements), p.requires_grad))
     if module.expert_bias is not None:
-        module.expert_bias = distribute_tensor(module.expert_bias, mesh, bias_placements)
+        module.expert_bias = distribute_tensor(per_rank_copies(module.expert_bias), mesh, bias_placements)
     return module

@@ -13,10 +13,8 @@ from collections.abc import Sequence
 import torch
 from dtensor_rules._upstream import (
     DTensorSpec,
-    enabled_local_tensor_mode,
     local_tensor,
-    LocalTensor,
-    rank_map,
+    per_rank_copies,
     spec_of,
     StridedShard,
     TensorMeta,
@@ -174,9 +172,7 @@ def distribute_tensor(tensor: torch.Tensor, mesh: DeviceMesh, placements: Sequen
     dst = Layout.from_placements(placements, tensor.ndim, device_order)
     meta = TensorMeta(tensor.shape, tensor.stride(), tensor.dtype)
     rep = Layout(tuple(() for _ in range(tensor.ndim)), 0, mesh.ndim, dst.reduce_op)
-    local = tensor.detach()
-    if enabled_local_tensor_mode() is not None and not isinstance(local, LocalTensor):
-        local = rank_map(lambda r: tensor.detach().clone())  # simulated mesh: one copy per rank
+    local = per_rank_copies(tensor.detach())  # simulated mesh: one copy per rank
     full = DTensor(local, _spec_for(mesh, rep, meta), requires_grad=False)
     out = _run(full, dst, None, None)
     return DTensor(local_tensor(out), spec_of(out), requires_grad=tensor.requires_grad)

@@ -71,6 +71,12 @@ def simulated_mesh(shape: Sequence[int] | int, names: Sequence[str] | None = Non
 
     Inside the block DTensor ops run for all ranks at once (``LocalTensorMode``);
     ``dtensor.to_local()`` is a ``LocalTensor`` holding every rank's shard.
+
+    Tensors made before the block are plain, one for all ranks: upstream's ``distribute_tensor``
+    keeps a replicated one shared (an in-place update, e.g. an optimizer step, then lands once
+    per rank). ``dtensor_rules.distribute_tensor``, ``shard_moe`` and ``expert_parallel`` give
+    every rank its own copy. ``torch.compile`` does not run here (upstream limits, docs/compile.md);
+    compile on real ranks with :func:`run_gloo`.
     """
     shape = _check_shape(shape)
     if names is not None and len(names) != len(shape):
@@ -95,10 +101,19 @@ def _gloo_worker(rank: int, world: int, init_file: str, fn: Callable[..., Any], 
 
 
 def run_gloo(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` real gloo processes.
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` (1 to 8) real gloo processes on this machine.
 
-    ``fn`` must be importable (module level). Returns the per-rank results in rank order;
-    raises with the failing rank's traceback if any rank fails.
+    For what the simulated mesh cannot do: ``torch.compile``, real collectives, FSDP, DCP.
+    Each rank is a fresh ``spawn`` process with the default process group initialized (gloo,
+    file rendezvous in a private temporary folder, so concurrent runs never collide) and
+    ``torch.manual_seed(0)``; build the ``DeviceMesh`` inside ``fn``. ``fn`` and ``args`` are
+    pickled: ``fn`` must be a module-level function of an importable module, or of a script
+    run as ``python script.py`` with the launch under ``if __name__ == "__main__":``. Return
+    plain Python values (``tensor.tolist()``, floats), not tensors.
+
+    Returns the results in rank order. Raises ``RuntimeError`` with the failing rank's
+    traceback if a rank raises, or naming the ranks that died without a result, and
+    ``TimeoutError`` after ``timeout`` seconds. Usage: docs/compile.md ("Real ranks").
     """
     if not 1 <= world_size <= MAX_WORLD:
         raise ValueError(f"world_size must be in 1..{MAX_WORLD}, got {world_size}")
