@@ -14,8 +14,8 @@
    DCP is heavy to import (~70 ms), so this half waits for the user's first import of it
    (``_upstream.checkpoint.on_planner_helpers_imported``) when ``install()`` runs before that.
 
-Both are registered with ``registry.register_patch``: a full ``dtensor_rules.install()`` applies
-them, ``uninstall()`` puts the original function objects back.
+They are the named patches ``shard_order`` and ``checkpoint_shard_order`` (docs/patches.md): a full
+``dtensor_rules.install()`` applies them, ``uninstall()`` puts the original function objects back.
 """
 
 from __future__ import annotations
@@ -29,12 +29,14 @@ import torch
 from dtensor_rules._upstream import DTensorSpec, spec_of, TensorMeta
 from dtensor_rules._upstream.checkpoint import (
     CHUNK,
+    PLANNER_HELPERS,
     WRITE_ITEMS,
     chunk_metadata,
     metadata_index,
     on_planner_helpers_imported,
 )
 
+from dtensor_rules.patches import guarded
 from dtensor_rules.registry import register_patch
 
 __all__ = ["has_custom_order", "checkpoint_shape_and_offset"]
@@ -90,14 +92,21 @@ def _patch_dcp(ph: ModuleType) -> None:
     setattr(ph, CHUNK, _chunk)
 
 
-def _apply() -> None:
+def _apply_spec() -> None:
     _orig["shallow"] = DTensorSpec.__dict__["shallow_copy_with_tensor_meta"]
     DTensorSpec.shallow_copy_with_tensor_meta = _shallow_copy_with_tensor_meta
-    _cancel_dcp.append(on_planner_helpers_imported(_patch_dcp))  # now if DCP is imported, else at its import
 
 
-def _restore() -> None:
+def _restore_spec() -> None:
     DTensorSpec.shallow_copy_with_tensor_meta = _orig.pop("shallow")
+
+
+def _apply_dcp() -> None:
+    # now if DCP is imported, else at the user's import of it (a failure there warns, never raises)
+    _cancel_dcp.append(on_planner_helpers_imported(guarded("checkpoint_shard_order", _patch_dcp)))
+
+
+def _restore_dcp() -> None:
     _cancel_dcp.pop()()
     if "helpers" in _orig:
         ph = _orig.pop("helpers")
@@ -105,4 +114,22 @@ def _restore() -> None:
         setattr(ph, CHUNK, _orig.pop("chunk"))
 
 
-register_patch("shard_order", _apply, _restore)
+register_patch(
+    "shard_order",
+    _apply_spec,
+    _restore_spec,
+    changes="DTensorSpec.shallow_copy_with_tensor_meta: keeps a spec's explicit shard_order",
+    reason="upstream drops it, so an op whose strategy keeps the input's order (detach, alias) would claim "
+    "the default order while the data is in the ordered layout: wrong full_tensor()",
+)
+register_patch(
+    "checkpoint_shard_order",
+    _apply_dcp,
+    _restore_dcp,
+    changes=f"{PLANNER_HELPERS}.{WRITE_ITEMS} and .{CHUNK}: chunk offsets of a DTensor with a non-default "
+    "shard order follow that order (every other DTensor goes to the original function)",
+    reason="DCP computes offsets for the default order only: a checkpoint of an ordered DTensor would "
+    "save rows at the wrong offsets",
+    waits_for=PLANNER_HELPERS,
+    pending=lambda: "helpers" not in _orig,
+)
