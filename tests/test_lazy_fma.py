@@ -27,11 +27,11 @@ CODE = textwrap.dedent(
     assert (st["has"], st["active"]) == ("both", "ours") and st["why"].startswith("ours:"), st
     from dtensor_rules.costs import estimate
     a = torch.randn(3, 4)
-    assert estimate(fma, a, a, a).flops == 24
+    assert estimate(fma, a, a, a).flops == 24  # our cost API prices it
     from torch.utils.flop_counter import FlopCounterMode
     with FlopCounterMode(display=False) as c:
         fma(a, a, a)
-    assert c.get_total_flops() == 24
+    assert c.get_total_flops() == 0  # torch's convention: pointwise work is not counted there
     dtensor_rules.uninstall()
     assert dtensor_rules.status()[fma]["active"] == "upstream"
     print("OK")
@@ -40,6 +40,6 @@ CODE = textwrap.dedent(
 
 
 def test_fma_rule_arrives_with_inductor_and_not_before() -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))  # this checkout, not an installed copy
     proc = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
