@@ -5,7 +5,11 @@ formula, its sample suite and its doc. :func:`register` collects rules (it impor
 module: ``import dtensor_rules`` loads :mod:`dtensor_rules.ops`, whose modules register
 themselves); :func:`install` patches DTensor's
 ``ShardingPropagator`` with them and :func:`uninstall` puts every touched registry
-entry back exactly as it was (same keys, same function objects).
+entry back exactly as it was (same keys, same function objects). Every other global change
+is a named patch (:mod:`dtensor_rules.patches`, docs/patches.md): :func:`install` applies the
+ones correctness needs or exactly ``patches=[...]``, :func:`status` lists them (``.patches``).
+Which rule wins where upstream has one too is decided in one place (``_why_ours_wins``), for
+:func:`install` and ``register(..., replace=True)`` alike.
 
 Two kinds of strategy function are supported, mirroring upstream:
 
@@ -80,7 +84,12 @@ __all__ = [
     "installed",
     "rules",
     "status",
+    "Status",
     "get_rule",
+    "is_shipped",
+    "defer",
+    "deferred",
+    "DeferredRule",
 ]
 
 Kind = Literal["single_dim", "op_strategy"]
