@@ -337,7 +337,7 @@ def _add(new: Sequence[Rule], replace: bool) -> None:
                     "pass replace=True to replace it"
                 )
         for r in new:
-            policy = _policy_of.get(r.op) if r.op in _saved else None
+            policy: Policy | None = _policy_of.get(r.op, "measured") if r.op in _saved else None
             if policy is not None:
                 _uninstall_ops([r.op])
             _rules[r.op] = r

@@ -72,9 +72,10 @@ class Coverage(NamedTuple):
 
 
 def contested_ops() -> list[OpOverload]:
-    """The ops the running torch's measured file must hold: measurable, and upstream has a rule too."""
-    status = registry.status()
-    return [op for op in measured_ops() if status[op]["has"] == "both"]
+    """The ops the running torch's measured file must hold: shipped, measurable, and upstream has a rule too
+    (a rule a user registers in this process is never measured: it does not count)."""
+    status, rules = registry.status(), registry.rules()
+    return [op for op in measured_ops() if status[op]["has"] == "both" and registry.is_shipped(rules[op])]
 
 
 def coverage_of(doc: dict[str, Any]) -> Coverage:
