@@ -156,5 +156,7 @@ def test_no_install_changes_nothing_in_torch() -> None:
         import dtensor_rules
         assert same(pristine, snapshot()) == [], same(pristine, snapshot())
         assert dtensor_rules.status().patches and all(s.state == "off" for s in dtensor_rules.status().patches.values())
+        why = dtensor_rules.status().deferred["prims.fma.default"]
+        assert why == "not installed when torch._inductor.inductor_prims is imported: patch 'deferred_fma' is off", why
         print("OK")
     """), DTENSOR_RULES_NO_INSTALL="1")

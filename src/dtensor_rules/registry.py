@@ -671,14 +671,21 @@ class DeferredRule(NamedTuple):
     name: str  # the op's name once defined, e.g. "prims.fma.default"
     waits_for: str  # the module whose import defines the op
     define: Callable[[], OpOverload]  # imports that module and registers the rule; returns the op
+    patch: str  # the named patch that installs it at that import
 
 
 _deferred: dict[str, DeferredRule] = {}
 
 
-def defer(name: str, waits_for: str, define: Callable[[], OpOverload]) -> None:
+def defer(name: str, waits_for: str, define: Callable[[], OpOverload], patch: str) -> None:
     """Announce a shipped rule for an op torch defines later, so `status` and `validate` know it."""
-    _deferred[name] = DeferredRule(name, waits_for, define)
+    _deferred[name] = DeferredRule(name, waits_for, define, patch)
+
+
+def _deferred_why(d: DeferredRule) -> str:
+    if d.patch in _patch_registry.applied():
+        return f"ours: installs when {d.waits_for} is imported"
+    return f"not installed when {d.waits_for} is imported: patch {d.patch!r} is off"
 
 
 def deferred() -> dict[str, DeferredRule]:
@@ -718,7 +725,7 @@ def status() -> Status:
                 active, why = "none", "no rule active: ours not installed"
             out[op] = {"has": "both" if upstream else "ours", "active": active, "why": why}
         out.patches = _patch_registry.states()
-        out.deferred = {n: f"ours: installs when {d.waits_for} is imported" for n, d in deferred().items()}
+        out.deferred = {n: _deferred_why(d) for n, d in deferred().items()}
     return out
 
 

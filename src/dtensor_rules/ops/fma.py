@@ -135,7 +135,7 @@ def _restore() -> None:
 def _announce() -> None:
     from dtensor_rules import registry
 
-    registry.defer("prims.fma.default", _INDUCTOR_PRIMS, _define)
+    registry.defer("prims.fma.default", _INDUCTOR_PRIMS, _define, patch="deferred_fma")
     registry.register_patch(
         "deferred_fma",
         _apply,
