@@ -6,8 +6,9 @@ labelled with the running torch version.
 
     python benchmarks/rule_coverage.py                 # meshes 2 and 2x2
     python benchmarks/rule_coverage.py --mesh 2 --mesh 4 --op cumsum
-    python benchmarks/rule_coverage.py --mesh 2 --variants --contested --write-measured
-        # every overload (out=/in-place too) both sides have a rule for on this torch; writes
+    python benchmarks/rule_coverage.py --write-measured
+        # the one regeneration command (run it with each tested torch release): mesh 2, every
+        # overload (out=/in-place too) both sides have a rule for on this torch; writes
         # src/dtensor_rules/_upstream/measured_<major>_<minor>.json, the data install() decides from
     python benchmarks/rule_coverage.py --side-by-side  # both checked-in measured files, one table
 
@@ -27,7 +28,7 @@ import torch
 import dtensor_rules  # noqa: F401  (registers our rules; upstream's stay queryable)
 from dtensor_rules.cli.main import parse_mesh
 from dtensor_rules._upstream import TESTED_TORCH
-from dtensor_rules._upstream.measured import decide, load
+from dtensor_rules._upstream.measured import MEASURED_MESHES, REGENERATE, decide, load
 from dtensor_rules.testing import measure
 from dtensor_rules.testing.suites import find_op, suites
 
@@ -65,7 +66,7 @@ def side_by_side() -> int:
     docs = {v: load(v) for v in TESTED_TORCH}
     missing = [f"{v[0]}.{v[1]}" for v, d in docs.items() if d is None]
     if missing:
-        print(f"no measured file for torch {', '.join(missing)}: run --variants --write-measured on it", file=sys.stderr)
+        print(f"no measured file for torch {', '.join(missing)}: run `{REGENERATE}` with it", file=sys.stderr)
         return 2
     labels = [f"{v[0]}.{v[1]}" for v in docs]
     ops = sorted({op for d in docs.values() for op in d["ops"]})
@@ -100,13 +101,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", action="store_true",
                         help="also our out= / in-place overloads, on their functional counterpart's suite")
     parser.add_argument("--write-measured", action="store_true",
-                        help="write the running torch's src/dtensor_rules/_upstream/measured_<ver>.json")
+                        help="regenerate the running torch's src/dtensor_rules/_upstream/measured_<ver>.json "
+                             "(implies --mesh 2 --variants --contested; takes no --op or --mesh)")
     parser.add_argument("--contested", action="store_true",
                         help="only ops upstream also has a rule for on this torch (what install() decides on)")
     parser.add_argument("--side-by-side", action="store_true", help="print the checked-in measured files side by side")
     args = parser.parse_args(argv)
     if args.side_by_side:
         return side_by_side()
+    if args.write_measured:  # always the whole file, the same way: install() decides from it
+        if args.op or args.mesh:
+            parser.error(f"--write-measured regenerates the whole file: run `{REGENERATE}` without --op/--mesh")
+        args.mesh, args.variants, args.contested = [tuple(m) for m in MEASURED_MESHES], True, True
     meshes = args.mesh or [(2,), (2, 2)]
     if args.op:
         ops = [find_op(o) for o in args.op]
@@ -118,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         ops = [op for op in ops if dtensor_rules.status()[op]["has"] == "both"]
     start = time.perf_counter()
     command = "python benchmarks/rule_coverage.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    doc = measure.measure(ops, meshes, command.strip())
+    doc = measure.measure(ops, meshes, REGENERATE if args.write_measured else command.strip())
     worst = print_tables(doc)
     print(f"\n(torch {torch.__version__}: {time.perf_counter() - start:.1f}s)")
     if args.write_measured:

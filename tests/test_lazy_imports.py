@@ -58,11 +58,12 @@ SCENARIOS = {
         from dtensor_rules.costs.flop_counter import registered_flop_formulas
         assert torch.ops.aten._grouped_mm in registered_flop_formulas()
         from dtensor_rules.costs import estimate
-        x = torch.randn(4, 6)
+        a, b = torch.randn(6, 16), torch.randn(2, 16, 8)
+        offs = torch.tensor([2, 6], dtype=torch.int32)
         with FlopCounterMode(display=False) as counter:
-            torch.cumsum(x, 1)
-        ours = estimate(torch.ops.aten.cumsum.default, x, 1).flops
-        assert counter.get_total_flops() == ours > 0, (counter.get_total_flops(), ours)  # torch alone counts 0
+            torch._grouped_mm(a, b, offs=offs)
+        ours = estimate(torch.ops.aten._grouped_mm.default, a, b, offs=offs).flops
+        assert counter.get_total_flops() == ours == 2 * 6 * 16 * 8, (counter.get_total_flops(), ours)  # torch alone counts 0
         """,
     "testing names load at first use": """
         from dtensor_rules.testing import check_rule, simulated_mesh
@@ -82,7 +83,7 @@ SCENARIOS = {
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_lazy_import_scenario(name: str) -> None:
     code = PRELUDE + "import torch\n" + textwrap.dedent(SCENARIOS[name]) + "print('OK')\n"
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))  # this checkout, not an installed copy
     env.pop("DTENSOR_RULES_NO_INSTALL", None)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]

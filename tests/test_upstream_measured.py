@@ -1,7 +1,8 @@
 """install() keeps upstream's rule unless ours is MEASURED strictly better on the running torch.
 
 The measured files (``src/dtensor_rules/_upstream/measured_<major>_<minor>.json``, written by
-``benchmarks/rule_coverage.py --variants --write-measured``) are data; these tests check that
+``python benchmarks/rule_coverage.py --write-measured``) are data; these tests check that the
+running torch's file covers exactly the ops install() decides on (else: which command to run), that
 the decision rule is right on synthetic records, that install()/status() follow the running
 torch's file for every op both sides have a rule for, and that a part of the file still holds
 when regenerated now.
@@ -15,7 +16,7 @@ import torch
 import dtensor_rules
 from dtensor_rules import registry
 from dtensor_rules._upstream import TESTED_TORCH, TORCH_VERSION
-from dtensor_rules._upstream.measured import decide, load, verdict
+from dtensor_rules._upstream.measured import REGENERATE, decide, load, verdict
 from dtensor_rules.ops.fma import fma  # defines prims.fma (lazily registered rule)
 from dtensor_rules.testing import measure
 
@@ -70,6 +71,26 @@ def test_every_tested_release_has_a_measured_file():
         assert doc is not None, f"no measured file for torch {version}"
         assert doc["torch"].startswith(f"{version[0]}.{version[1]}.")
         assert doc["meshes"] == ["2"]
+
+
+def test_measured_file_covers_exactly_the_contested_rules():
+    """Adding, removing or renaming a shipped rule (or upstream gaining one) makes the file stale."""
+    doc = load()
+    assert doc is not None and doc["command"] == REGENERATE
+    missing, extra = measure.coverage_of(doc)
+    python = {(2, 13): ".venv/bin/python", (2, 14): ".venv-2.14.1/bin/python"}.get(TORCH_VERSION, "python")
+    fix = (f"measured_{TORCH_VERSION[0]}_{TORCH_VERSION[1]}.json is stale: regenerate it with "
+           f"`{REGENERATE.replace('python', python, 1)}` (torch {TORCH_VERSION[0]}.{TORCH_VERSION[1]}; "
+           "run the same command with every tested release)")
+    assert not missing and not extra, f"{fix}; not measured: {missing}; no longer contested: {extra}"
+
+
+def test_coverage_check_notices_a_new_and_a_dropped_op():
+    doc = load()
+    fewer = {**doc, "ops": {k: v for k, v in doc["ops"].items() if k != "aten.cumsum.default"}}
+    assert measure.coverage_of(fewer) == (["aten.cumsum.default"], [])
+    more = {**doc, "ops": {**doc["ops"], "aten.no_such.default": {}}}
+    assert measure.coverage_of(more) == ([], ["aten.no_such.default"])
 
 
 def test_every_op_both_sides_rule_is_measured_and_install_follows_it():

@@ -6,6 +6,8 @@ whose modules each state their ops' contracts with ``register(...)``; the regist
 op module) and installs them into DTensor's dispatch (policy "measured": ours where upstream
 has no rule, or where ours is measured strictly better on this torch release; ``status()``
 says which and why) unless the environment variable ``DTENSOR_RULES_NO_INSTALL=1`` is set.
+The install also applies the named patches correctness needs (global changes that are not
+rules: ``status().patches``, docs/patches.md; ``install(patches=[...])`` switches them).
 Tested on torch 2.13 and 2.14 (setup.py: ``torch>=2.13,<2.15``).
 
 One exception, so the command line answers ``--help`` and typos at once: while
@@ -65,7 +67,7 @@ def _check_torch() -> None:
 
 
 def load() -> None:
-    """Import torch, register the shipped rules and flop formulas, install (idempotent)."""
+    """Import torch, register the shipped rules, install them and the default patches (idempotent)."""
     global _loaded
     if _loaded:
         return
@@ -73,21 +75,14 @@ def load() -> None:
     _check_torch()
     from dtensor_rules import ops  # noqa: F401  (the one place that loads the shipped rules)
     from dtensor_rules import registry
-    from dtensor_rules.costs.flop_counter import register_flop_formulas_on_import
     from dtensor_rules.redistribute import distribute_tensor, plan
     from dtensor_rules.redistribute import redistribute as redistribute_with_order
-    from dtensor_rules.redistribute import order_patches
 
     # ``dtensor_rules.redistribute`` stays the planner *package* (``import dtensor_rules.redistribute as rd``);
     # its ``redistribute`` function is exposed here under a name that does not shadow it.
     names = ("Rule", "RuleError", "get_rule", "install", "installed", "register", "rules", "status", "uninstall")
     globals().update({n: getattr(registry, n) for n in names})
     globals().update(distribute_tensor=distribute_tensor, plan=plan, redistribute_with_order=redistribute_with_order)
-    # the planner's shard_order fixes: defined in redistribute/ (which never imports the registry), applied by install()
-    registry.register_patch(order_patches.NAME, order_patches.apply, order_patches.restore)
-    # FlopCounterMode counts ops torch prices at 0, from the first import of torch.utils.flop_counter
-    # (idempotent; costs.unregister_flop_formulas undoes it)
-    register_flop_formulas_on_import()
     if os.environ.get("DTENSOR_RULES_NO_INSTALL", "") not in ("1", "true", "True"):
         registry.install()
 

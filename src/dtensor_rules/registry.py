@@ -5,7 +5,11 @@ formula, its sample suite and its doc. :func:`register` collects rules (it impor
 module: ``import dtensor_rules`` loads :mod:`dtensor_rules.ops`, whose modules register
 themselves); :func:`install` patches DTensor's
 ``ShardingPropagator`` with them and :func:`uninstall` puts every touched registry
-entry back exactly as it was (same keys, same function objects).
+entry back exactly as it was (same keys, same function objects). Every other global change
+is a named patch (:mod:`dtensor_rules.patches`, docs/patches.md): :func:`install` applies the
+ones correctness needs or exactly ``patches=[...]``, :func:`status` lists them (``.patches``).
+Which rule wins where upstream has one too is decided in one place (``_why_ours_wins``), for
+:func:`install` and ``register(..., replace=True)`` alike.
 
 Two kinds of strategy function are supported, mirroring upstream:
 
@@ -35,10 +39,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch._ops import OpOverload
@@ -62,6 +66,7 @@ from dtensor_rules._upstream import (
     propagator,
     registry,
 )
+from dtensor_rules import patches as _patch_registry
 from dtensor_rules.core.metas import metas as tensor_metas
 from dtensor_rules.compact.single_dim import single_dim_op_strategy
 from dtensor_rules.costs.op_cost import Formula
@@ -79,7 +84,12 @@ __all__ = [
     "installed",
     "rules",
     "status",
+    "Status",
     "get_rule",
+    "is_shipped",
+    "defer",
+    "deferred",
+    "DeferredRule",
 ]
 
 Kind = Literal["single_dim", "op_strategy"]
@@ -160,40 +170,33 @@ _rules: dict[OpOverload, Rule] = {}
 use_rules(MappingProxyType(_rules))  # costs reads rules' formulas through this live view (no import back)
 # op -> {registry attribute name -> (was_present, old_value)}; only ops we touched.
 _saved: dict[OpOverload, dict[str, tuple[bool, Any]]] = {}
-# op -> why ours is active (for status()); set when installed
+# op -> why ours is active (for status()) and the policy that installed it; set when installed
 _why_ours: dict[OpOverload, str] = {}
-# upstream bug fixes that are not op rules: name -> (apply, restore); applied by a full install()
-_patches: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {}
-_patched: set[str] = set()
+_policy_of: dict[OpOverload, Policy] = {}
 
 
-def register_patch(name: str, apply: Callable[[], None], restore: Callable[[], None]) -> None:
-    """Register a non-rule patch of upstream (``apply`` / ``restore`` must undo each other exactly).
+def register_patch(
+    name: str,
+    apply: Callable[[], None],
+    restore: Callable[[], None],
+    *,
+    changes: str,
+    reason: str,
+    required: bool = True,
+    waits_for: str = "",
+    pending: Callable[[], bool] | None = None,
+) -> None:
+    """Register a named global change to torch that is not an op rule (:mod:`dtensor_rules.patches`).
 
-    A full :func:`install` (``ops=None``) applies it, a full :func:`uninstall` restores it, and
-    :func:`installed` restores it on exit if it applied it.
+    ``apply`` / ``restore`` must undo each other exactly. A plain :func:`install` applies it when
+    ``required`` (correctness needs it), ``install(patches=[...])`` switches it by name, a full
+    :func:`uninstall` restores it; :func:`status` lists it (``.patches``) with ``reason``.
     """
-    with _lock:
-        if name in _patches:
-            raise RuleError(f"patch {name!r} is already registered")
-        _patches[name] = (apply, restore)
+    try:
+        _patch_registry.register(_patch_registry.Patch(name, changes, reason, required, apply, restore, waits_for, pending))
+    except _patch_registry.PatchError as e:
+        raise RuleError(str(e)) from None
 
-
-def _apply_patches() -> list[str]:
-    done = []
-    for name, (apply, _) in _patches.items():
-        if name not in _patched:
-            apply()
-            _patched.add(name)
-            done.append(name)
-    return done
-
-
-def _restore_patches(names: Sequence[str]) -> None:
-    for name in names:
-        if name in _patched:
-            _patches[name][1]()
-            _patched.discard(name)
 
 _STRATEGY_REGISTRIES = STRATEGY_REGISTRIES
 _ALL_REGISTRIES = STRATEGY_REGISTRIES + SCHEMA_REGISTRIES
@@ -334,12 +337,12 @@ def _add(new: Sequence[Rule], replace: bool) -> None:
                     "pass replace=True to replace it"
                 )
         for r in new:
-            was_active = r.op in _saved
-            if was_active:
+            policy: Policy | None = _policy_of.get(r.op, "measured") if r.op in _saved else None
+            if policy is not None:
                 _uninstall_ops([r.op])
             _rules[r.op] = r
-            if was_active:
-                _install_ops([r.op], "override")
+            if policy is not None:  # active: decided again, by the policy it was installed with
+                _install_ops([r.op], policy)
 
 
 def unregister(op: Any) -> None:
@@ -455,6 +458,28 @@ def _has_upstream(prop: Any, op: OpOverload) -> bool:
     return any(op in getattr(prop, name) for name in _STRATEGY_REGISTRIES)
 
 
+def is_shipped(rule: Rule) -> bool:
+    """Whether ``rule`` is one this package ships (its strategy lives in ``dtensor_rules``): only
+    those were measured against upstream (``_upstream/measured_*.json``)."""
+    return rule.module == "dtensor_rules" or rule.module.startswith("dtensor_rules.")
+
+
+def _why_ours_wins(rule: Rule, policy: Policy, upstream: bool) -> str | None:
+    """The one install decision (install() and register(replace=True) alike): why ``rule`` goes
+    into DTensor under ``policy``, or None where upstream's rule stays (see :func:`install`)."""
+    if not upstream:
+        return "ours: upstream has no rule"
+    if policy == "fill":
+        return None
+    if policy == "override":
+        return f"ours: installed with policy={policy!r}"
+    if not is_shipped(rule):
+        return (f"ours: your rule (from {rule.module or '?'}) is not measured; a registered rule wins over "
+                "upstream's under policy='measured' (policy='fill' keeps upstream's)")
+    verdict = measured_verdict(rule.op)
+    return verdict.why if verdict.keep == "ours" else None
+
+
 def _install_ops(ops: Sequence[OpOverload], policy: Policy) -> list[OpOverload]:
     prop = _propagator()
     done: list[OpOverload] = []
@@ -464,18 +489,10 @@ def _install_ops(ops: Sequence[OpOverload], policy: Policy) -> list[OpOverload]:
             if op in _saved:
                 done.append(op)
                 continue
-            upstream = _has_upstream(prop, op)
-            if upstream and policy == "fill":
+            why = _why_ours_wins(rule, policy, _has_upstream(prop, op))
+            if why is None:
                 continue
-            if upstream and policy == "measured":
-                verdict = measured_verdict(op)
-                if verdict.keep != "ours":
-                    continue
-                _why_ours[op] = verdict.why
-            elif upstream:
-                _why_ours[op] = f"ours: installed with policy={policy!r}"
-            else:
-                _why_ours[op] = "ours: upstream has no rule"
+            _why_ours[op], _policy_of[op] = why, policy
             names = _ALL_REGISTRIES + ((_HANDLERS,) if rule.handler is not None else ())
             _saved[op] = {name: (op in _registry(name), _registry(name).get(op)) for name in names}
             done.append(op)  # before mutating, so a failure below is rolled back too
@@ -501,6 +518,7 @@ def _uninstall_ops(ops: Sequence[OpOverload]) -> None:
     for op in ops:
         saved = _saved.pop(op, None)
         _why_ours.pop(op, None)
+        _policy_of.pop(op, None)
         if saved is None:
             continue
         for name, (present, value) in saved.items():
@@ -557,13 +575,22 @@ def _clear_caches() -> None:
     clear_sharding_caches()
 
 
-def install(policy: Policy = "measured", ops: Sequence[Any] | None = None) -> list[OpOverload]:
+def install(
+    policy: Policy = "measured", ops: Sequence[Any] | None = None, patches: Sequence[str] | None = None
+) -> list[OpOverload]:
     """Put our rules into DTensor's dispatch; returns the ops whose active rule is ours.
 
     Where upstream has no rule, ours is installed under every policy. Where it has one:
-    ``policy="measured"`` (default) replaces it only where ours is measured strictly better
-    on the running torch (``_upstream/measured_<version>.json``; :func:`status` says why per
-    op); ``"override"`` always replaces it; ``"fill"`` never does.
+    ``policy="measured"`` (default) replaces it with a *shipped* rule only where that rule is
+    measured strictly better on the running torch (``_upstream/measured_<version>.json``;
+    :func:`status` says why per op), and always with a rule you registered yourself (it was
+    never measured: registering it is the request); ``"override"`` always replaces it;
+    ``"fill"`` never does. ``ops=[...]`` that stay upstream's under ``"measured"`` warn, naming
+    the reason and ``policy="override"``.
+
+    ``patches``: the named global changes to torch that are not rules (:mod:`dtensor_rules.patches`,
+    docs/patches.md). None: a full install (``ops=None``) applies the ones correctness needs, an
+    ``ops=`` install leaves them as they are; a list makes the applied set exactly those names.
     Idempotent: installing again changes nothing.
     """
     if policy not in _POLICIES:
@@ -573,19 +600,47 @@ def install(policy: Policy = "measured", ops: Sequence[Any] | None = None) -> li
         missing = [o for o in targets if o not in _rules]
         if missing:
             raise RuleError(f"no dtensor_rules rule for {[str(o) for o in missing]}; registered: {sorted(map(str, _rules))}")
+        if patches is not None:
+            _check_patch_names(patches)
         done = _install_ops(targets, policy)
-        if ops is None:
-            _apply_patches()
-        return done
+        if patches is not None:
+            _patch_registry.set_applied(patches)
+        elif ops is None:
+            _patch_registry.apply(_patch_registry.defaults())
+    if ops is not None and policy == "measured":
+        _warn_kept(o for o in targets if o not in done)
+    return done
+
+
+def _check_patch_names(names: Sequence[str]) -> None:
+    try:  # validated before anything changes
+        _patch_registry.check_names(names)
+    except _patch_registry.PatchError as e:
+        raise RuleError(str(e)) from None
+
+
+def _warn_kept(kept: Iterable[OpOverload]) -> None:
+    """A loud word for each op an explicit install(ops=[...]) left to upstream."""
+    import warnings
+
+    for op in kept:
+        why = measured_verdict(op).why
+        warnings.warn(
+            f"install(ops=[{op}]) kept upstream's rule under policy='measured' ({why}); "
+            f"dtensor_rules.install(policy='override', ops=[{op}]) installs ours anyway",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def uninstall(ops: Sequence[Any] | None = None) -> None:
-    """Restore DTensor's registries for every op we patched (or just ``ops``)."""
+    """Restore DTensor's registries for every op we patched (or just ``ops``); a full uninstall
+    also restores every applied patch (torch's original objects back)."""
     with _lock:
         targets = list(_saved) if ops is None else [_as_overload(o) for o in ops]
         _uninstall_ops(targets)
         if ops is None:
-            _restore_patches(list(_patched))
+            _patch_registry.restore()
 
 
 def active_ops() -> list[OpOverload]:
@@ -594,26 +649,67 @@ def active_ops() -> list[OpOverload]:
 
 
 @contextlib.contextmanager
-def installed(policy: Policy = "measured", ops: Sequence[Any] | None = None) -> Iterator[list[OpOverload]]:
+def installed(
+    policy: Policy = "measured", ops: Sequence[Any] | None = None, patches: Sequence[str] | None = None
+) -> Iterator[list[OpOverload]]:
     """Context manager: our rules are active inside, the previous state is restored after."""
     with _lock:
         before = set(_saved)
-        patched_before = set(_patched)
-        now = install(policy, ops)
+        patched_before = _patch_registry.applied()
+        now = install(policy, ops, patches)
     try:
         yield now
     finally:
         with _lock:
             _uninstall_ops([o for o in now if o not in before])
-            _restore_patches([n for n in list(_patched) if n not in patched_before])
+            _patch_registry.set_applied(patched_before)
 
 
-def status() -> dict[OpOverload, dict[str, str]]:
+class DeferredRule(NamedTuple):
+    """A shipped rule whose op torch defines only later (``prims.fma``: when inductor is imported)."""
+
+    name: str  # the op's name once defined, e.g. "prims.fma.default"
+    waits_for: str  # the module whose import defines the op
+    define: Callable[[], OpOverload]  # imports that module and registers the rule; returns the op
+    patch: str  # the named patch that installs it at that import
+
+
+_deferred: dict[str, DeferredRule] = {}
+
+
+def defer(name: str, waits_for: str, define: Callable[[], OpOverload], patch: str) -> None:
+    """Announce a shipped rule for an op torch defines later, so `status` and `validate` know it."""
+    _deferred[name] = DeferredRule(name, waits_for, define, patch)
+
+
+def _deferred_why(d: DeferredRule) -> str:
+    if d.patch in _patch_registry.applied():
+        return f"ours: installs when {d.waits_for} is imported"
+    return f"not installed when {d.waits_for} is imported: patch {d.patch!r} is off"
+
+
+def deferred() -> dict[str, DeferredRule]:
+    """Announced rules whose op is not registered yet (name -> :class:`DeferredRule`)."""
+    with _lock:
+        registered = {str(op) for op in _rules}
+    return {n: d for n, d in _deferred.items() if n not in registered}
+
+
+class Status(dict):  # type: ignore[type-arg]
+    """``status()``: op -> {"has", "active", "why"} as before, plus ``patches`` (name ->
+    :class:`~dtensor_rules.patches.PatchState`) and ``deferred`` (op name -> when its rule arrives)."""
+
+    patches: dict[str, _patch_registry.PatchState]
+    deferred: dict[str, str]
+
+
+def status() -> Status:
     """Per op with a rule here: who has a rule (``has``: "ours"/"both"), which is ``active``
     ("ours"/"upstream"/"none") and ``why`` (e.g. "ours: 54 correct vs upstream 14, upstream 2
-    incorrect", "upstream kept: equal coverage (17 correct each)")."""
+    incorrect", "upstream kept: equal coverage (17 correct each)"). ``.patches``: every named
+    global change with its state and reason; ``.deferred``: shipped rules whose op is not defined yet."""
     prop = _propagator()
-    out: dict[OpOverload, dict[str, str]] = {}
+    out = Status()
     with _lock:
         for op in _rules:
             upstream = (op in _saved and any(_saved[op][n][0] for n in _STRATEGY_REGISTRIES)) or (
@@ -624,10 +720,12 @@ def status() -> dict[OpOverload, dict[str, str]]:
             elif upstream:
                 verdict = measured_verdict(op)
                 active = "upstream"
-                why = verdict.why if verdict.keep == "upstream" else "upstream: ours not installed"
+                why = verdict.why if verdict.keep == "upstream" and is_shipped(_rules[op]) else "upstream: ours not installed"
             else:
                 active, why = "none", "no rule active: ours not installed"
             out[op] = {"has": "both" if upstream else "ours", "active": active, "why": why}
+        out.patches = _patch_registry.states()
+        out.deferred = {n: _deferred_why(d) for n, d in deferred().items()}
     return out
 
 

@@ -2,7 +2,8 @@
 
 ``measured_<major>_<minor>.json`` next to this module holds, per op, ours and upstream's
 correct / incorrect / missing layout counts against ground truth on the sample suites
-(``benchmarks/rule_coverage.py --write-measured`` writes it on the torch it runs on) and, for
+(:data:`REGENERATE`, run with each tested torch release, writes that release's file;
+``tests/test_upstream_measured.py`` names it when a file no longer covers the shipped rules) and, for
 layout-preserving ops, the shard-order probe. :func:`verdict` keeps ours only where it is
 measured strictly better, correctness first: ours has no incorrect layout, and upstream has one
 (DTensor would silently compute a wrong result with it), or ours offers more correct layouts,
@@ -21,6 +22,10 @@ from typing import Any, NamedTuple
 from dtensor_rules._upstream.version import TORCH_VERSION
 
 HERE = Path(__file__).parent
+# the one command that regenerates the running torch's file (mesh 2, every overload, the ops both
+# sides have a rule for); run it with each tested release's python (~3-4 min each on 2 cores)
+REGENERATE = "python benchmarks/rule_coverage.py --write-measured"
+MEASURED_MESHES = ((2,),)
 
 
 class Verdict(NamedTuple):

@@ -42,17 +42,19 @@ def prims_fma_defined() -> bool:
     return _INDUCTOR_PRIMS in sys.modules and hasattr(sys.modules[_INDUCTOR_PRIMS], "fma")
 
 
-def on_prims_fma_defined(callback: Callable[[], None]) -> None:
-    """Run ``callback`` now if ``prims.fma`` exists, else right after inductor defines it.
+def on_prims_fma_defined(callback: Callable[[], None]) -> Callable[[], None]:
+    """Run ``callback`` now if ``prims.fma`` exists, else right after inductor defines it; returns
+    ``cancel()`` (forgets a callback still waiting; upstream's function is back once none waits).
 
     Upstream registers its own fma sharding rule the same lazy way: ``inductor_prims`` calls
     ``_pointwise_ops.register_inductor_prims()`` after ``make_prim("fma...")``. We wrap that
     function, so our callbacks run right after upstream's registration, and never import
-    inductor ourselves.
+    inductor ourselves. Callbacks run at someone else's import: they must not raise
+    (``dtensor_rules.patches.guarded``).
     """
     if prims_fma_defined():
         callback()
-        return
+        return lambda: None
     import torch.distributed.tensor._ops._pointwise_ops as pointwise
 
     if not _fma_callbacks:
@@ -60,13 +62,32 @@ def on_prims_fma_defined(callback: Callable[[], None]) -> None:
 
         def register_inductor_prims() -> None:
             original()
-            pointwise.register_inductor_prims = original  # once: later imports see upstream's function
+            _unwrap(pointwise, original)  # once: later imports see upstream's function
             callbacks, _fma_callbacks[:] = list(_fma_callbacks), []
             for cb in callbacks:
                 cb()
 
+        _wrapper.update(original=original, wrapper=register_inductor_prims)
         pointwise.register_inductor_prims = register_inductor_prims
     _fma_callbacks.append(callback)
+
+    def cancel() -> None:
+        if callback in _fma_callbacks:
+            _fma_callbacks.remove(callback)
+        if not _fma_callbacks and _wrapper:
+            _unwrap(pointwise, _wrapper["original"])
+
+    return cancel
+
+
+_wrapper: dict[str, Callable[[], None]] = {}  # while callbacks wait: upstream's function and our wrapper
+
+
+def _unwrap(pointwise: Any, original: Callable[[], None]) -> None:
+    """Put upstream's ``register_inductor_prims`` back, unless someone wrapped ours since (then theirs stays)."""
+    if pointwise.register_inductor_prims is _wrapper.get("wrapper"):
+        pointwise.register_inductor_prims = original
+    _wrapper.clear()
 
 
 # the logger FakeTensorMode reports a failing meta kernel on (at ERROR, with a traceback)

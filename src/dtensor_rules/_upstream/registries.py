@@ -43,14 +43,57 @@ def registry(name: str) -> dict[Any, Any]:
 
 
 def clear_sharding_caches() -> None:
-    """Drop every cached sharding decision (C++ fast path, Python cache, tensor-meta cache)."""
+    """Drop every cached sharding decision (C++ fast path, Python cache, tensor-meta cache).
+
+    A profiler or logging tool may have replaced the propagator's cached methods with a plain
+    wrapper (no ``cache_clear``): the cache is then found through ``__wrapped__`` or the
+    wrapper's closure; if it cannot be found, a warning says so (once) instead of raising,
+    since this also runs at someone else's import (the deferred ``prims.fma`` install).
+    """
     # what ``torch.distributed.tensor.debug._clear_sharding_prop_cache`` does, without importing
     # ``debug`` (it pulls in dynamo and inductor: ~2 s and ~30 MiB at ``import dtensor_rules``)
     import torch
 
-    propagator().propagate_op_sharding.cache_clear()
+    prop = propagator()
     torch._C._clear_DTensor_sharding_propagator_cache()
-    propagator()._propagate_tensor_meta_cached.cache_clear()
+    for name in ("propagate_op_sharding", "_propagate_tensor_meta_cached"):
+        fn = getattr(prop, name, None)
+        if not _clear_cache_of(fn) and name not in _uncleared:
+            import warnings
+
+            _uncleared.add(name)
+            warnings.warn(
+                f"dtensor_rules: DTensor's ShardingPropagator.{name} is replaced by {fn!r}, which has no "
+                "cache_clear() and wraps nothing reachable (__wrapped__ or closure) that has one; sharding "
+                "decisions cached before this install/uninstall may be reused. Wrap with functools.wraps to avoid it.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+
+_uncleared: set[str] = set()  # caches we already warned about
+
+
+def _clear_cache_of(fn: Any, depth: int = 0) -> bool:
+    """Call the ``cache_clear`` of ``fn`` or of what it wraps (``__wrapped__``, closure cells)."""
+    if fn is None or depth > 4:
+        return False
+    clear = getattr(fn, "cache_clear", None)
+    if callable(clear):
+        clear()
+        return True
+    inner = [getattr(fn, "__wrapped__", None)]
+    inner += [c.cell_contents for c in (getattr(getattr(fn, "__func__", fn), "__closure__", None) or ())
+              if _filled(c) and callable(c.cell_contents)]
+    return any(_clear_cache_of(f, depth + 1) for f in inner if f is not None)
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises ValueError
+    except ValueError:
+        return False
+    return True
 
 
 def propagate(op_info: Any) -> None:

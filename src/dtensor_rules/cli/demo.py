@@ -301,7 +301,8 @@ def section_costs(out: TextIO) -> bool:
     head = ("op", "calls", "flops torch 2.13", "flops +dtensor_rules", "bytes r+w", "H100 us")
     print(table(body, head, right=(1, 2, 3, 4, 5)), file=out)
     free = [r["op"] for r in rows if r["torch_flops"] == 0 and r["our_flops"] > 0]
-    print(f"FlopCounterMode counts 0 for {len(free)} ops that do arithmetic; with dtensor_rules: {', '.join(free)}", file=out)
+    print(f"FlopCounterMode (torch's convention: floating matmul-like work) counts 0 for {', '.join(free)} "
+          "without dtensor_rules; integer routing ops stay 0 there, their cost is in the bytes column", file=out)
     print("H100 us: roofline (dtensor_rules.costs.runtime); ~ = assumed data-dependent values (as in `coverage`), "
           "* = memory-bound fallback, no formula yet", file=out)
     return bool(free)

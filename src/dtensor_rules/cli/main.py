@@ -44,7 +44,8 @@ DESCRIPTIONS = {
                 "(correct or incorrect), and every valid layout a rule does not offer is its missing one "
                 "(-v lists ours, each with why). Exit status 1 if our rule offers an incorrect layout.",
     "status": "List every op this package has a rule for: whether upstream has one too, which one is "
-              "active in DTensor's dispatch, and why (the install policy's measured comparison).",
+              "active in DTensor's dispatch, and why (the install policy's measured comparison); then every named patch (docs/patches.md) "
+              "with its default, state and reason.",
     "coverage": "Trace the demo's MoE block forward+backward (make_fx) and list, per op, where its sharding "
                 "rule comes from (ours, upstream, decomposition, handler), how many strategies it offers on "
                 "the mesh, and its cost on the chosen hardware. Exit status 1 if an op has no rule.",
@@ -60,16 +61,15 @@ def _load() -> None:
 def _validate(args: argparse.Namespace) -> int:
     _load()
     from dtensor_rules import registry
+    from dtensor_rules.cli.resolve import resolve
     from dtensor_rules.testing import check_samples
-    from dtensor_rules.testing.suites import find_op
 
     try:
-        op = find_op(args.op)
+        op, samples, _how = resolve(args.op)  # every shipped rule: own suite, deferred op, out=/in-place variants
     except KeyError as e:
         print(f"error: {e.args[0]}", file=sys.stderr)
         return 2
-    samples = registry.get_rule(op).samples  # find_op resolves only ops whose rule names samples
-    report = check_samples(op, list(samples()), args.mesh, progress=not args.json)
+    report = check_samples(op, samples, args.mesh, progress=not args.json)
     if args.json:  # stdout is exactly one JSON document
         print(json.dumps(report.to_json()))
     else:
@@ -91,10 +91,15 @@ def _status(args: argparse.Namespace) -> int:
     _load()
     import dtensor_rules
 
-    rows = sorted(((str(op), s["has"], s["active"], s["why"]) for op, s in dtensor_rules.status().items()))
+    status = dtensor_rules.status()
+    rows = sorted(((str(op), s["has"], s["active"], s["why"]) for op, s in status.items()))
+    rows += sorted((name, "ours", "not yet", why) for name, why in status.deferred.items())
     print(f"{'op':45s} {'rules':8s} {'active':9s} why")
     for op, has, active, why in rows:
         print(f"{op:45s} {has:8s} {active:9s} {why}")
+    print(f"\n{'patch (docs/patches.md)':25s} {'default':8s} state / why")
+    for p in status.patches.values():
+        print(f"{p.name:25s} {'on' if p.required else 'off':8s} {p.state}\n{'':34s} why: {p.reason}")
     return 0
 
 
@@ -126,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print only one JSON document on stdout")
     p.add_argument("-v", "--verbose", action="store_true", help="list the layouts our rule misses, each with why")
     p.set_defaults(fn=_validate)
-    p = sub.add_parser("status", help="which ops have our rule, upstream's, and which is active", description=DESCRIPTIONS["status"])
+    p = sub.add_parser("status", help="which ops have our rule, upstream's, and which is active; the named patches",
+                       description=DESCRIPTIONS["status"])
     p.set_defaults(fn=_status)
     p = sub.add_parser("coverage", help="trace the demo's MoE block and list each op's rule source and cost",
                        description=DESCRIPTIONS["coverage"])

@@ -1,39 +1,44 @@
-"""Teach ``torch.utils.flop_counter.FlopCounterMode`` the ops it counts as free.
+"""What ``import dtensor_rules`` adds to ``torch.utils.flop_counter.FlopCounterMode``: the
+named patch ``flop_registry`` (docs/patches.md).
 
-:func:`register_flop_formulas` registers our formulas (``OpCost.flops``) with
-``register_flop_formula`` for every op packet whose rule has a cost formula (``Rule.cost``),
-that has arithmetic and that torch has no formula for; torch's own formulas (mm, bmm,
-attention, ...) are never replaced.
-It is idempotent and undone by :func:`unregister_flop_formulas`. ``import dtensor_rules``
-arranges for it (:func:`register_flop_formulas_on_import`): at once if
-``torch.utils.flop_counter`` is already imported, else right after its first import (on CUDA
-builds that module imports triton, ~100 ms and ~75 MiB, which ``import dtensor_rules`` should
-not pay). Pure data movement (cat, gather, index, scatter, slice_scatter, the MoE index
-permutation) is not registered: it has 0 flops and would only add empty rows to
-FlopCounterMode tables.
+torch's convention: ``FlopCounterMode`` counts matrix-engine work in floating point (mm, addmm,
+bmm, baddbmm, convolution, attention, ``_scaled_mm``); every other op counts 0. Tools read its
+totals as tensor-core FLOPs: AutoParallel's compute estimator divides them by a per-dtype
+TFLOP/s table that has float and int8 rows only. So :func:`register_flop_formulas` registers,
+with ``register_flop_formula(..., get_raw=True)``, only rules whose cost formula has the
+``matmul`` family (today ``aten._grouped_mm``, the one matmul torch has no formula for), and a
+call counts only when its formula says it runs on the matrix unit in a floating dtype. torch's
+own formulas are never replaced. Sorting, scans, histograms, scatters and the other integer or
+data-movement ops keep counting 0 there; their arithmetic and bytes are in our own cost API
+(:func:`dtensor_rules.costs.estimate`).
+
+The registration waits for the user's first import of ``torch.utils.flop_counter`` (on CUDA
+builds it imports triton, ~100 ms and ~75 MiB, which ``import dtensor_rules`` should not pay):
+applying the patch registers at once if the module is imported, else right after its import.
+Restoring the patch removes exactly our entries.
 """
 
 from __future__ import annotations
 
 import contextlib
-
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
+from dtensor_rules import patches
 from dtensor_rules.core.post_import import when_imported
 from dtensor_rules.costs._util import fits
 from dtensor_rules.costs.op_cost import Formula
 from dtensor_rules.costs.rule_source import rule_formulas
 
 __all__ = ["register_flop_formulas", "register_flop_formulas_on_import", "unregister_flop_formulas",
-           "registered_flop_formulas", "torch_flop_formulas_only"]
+           "registered_flop_formulas", "torch_flop_formulas_only", "TORCH_FLOP_FAMILIES"]
 
-aten = torch.ops.aten
-_DATA_MOVEMENT = {aten.cat, aten.gather, aten.index, aten.slice_scatter, aten.scatter, aten.scatter_}
-_DATA_MOVEMENT_NAMES = {"dtensor_rules::moe_permute_indices"}  # custom ops: by name, they may load later
+# the cost families torch's FlopCounterMode convention counts (matrix-engine work)
+TORCH_FLOP_FAMILIES = frozenset({"matmul"})
 _ours: dict[OpOverloadPacket, Callable[..., int]] = {}
 FLOP_COUNTER = "torch.utils.flop_counter"
 
@@ -42,7 +47,9 @@ def _counter(packet: OpOverloadPacket, overloads: dict[OpOverload, Formula]) -> 
     def flops(*args: Any, out_val: Any = None, **kwargs: Any) -> int:
         for op, formula in overloads.items():
             if fits(op, args, kwargs):
-                return formula(op, args, kwargs).flops
+                cost = formula(op, args, kwargs)
+                floating = cost.dtype is not None and (cost.dtype.is_floating_point or cost.dtype.is_complex)
+                return cost.flops if cost.unit == "tensor" and floating else 0
         return 0  # an overload we have no formula for (e.g. an out= variant): torch's old answer
 
     flops.__name__ = f"dtensor_rules_{packet.__name__}_flops"
@@ -52,14 +59,13 @@ def _counter(packet: OpOverloadPacket, overloads: dict[OpOverload, Formula]) -> 
 def _packets() -> dict[OpOverloadPacket, dict[OpOverload, Formula]]:
     out: dict[OpOverloadPacket, dict[OpOverload, Formula]] = {}
     for op, formula in rule_formulas().items():
-        packet = op.overloadpacket
-        if packet not in _DATA_MOVEMENT and packet._qualified_op_name not in _DATA_MOVEMENT_NAMES:
-            out.setdefault(packet, {})[op] = formula
+        if getattr(formula, "family", None) in TORCH_FLOP_FAMILIES:
+            out.setdefault(op.overloadpacket, {})[op] = formula
     return out
 
 
 def register_flop_formulas() -> list[OpOverloadPacket]:
-    """Register our flop formulas where torch has none; returns the packets now counted by ours."""
+    """Register our matmul-family formulas where torch has none; returns the packets now counted by ours."""
     from torch.utils import flop_counter as fc
 
     for packet, overloads in _packets().items():
@@ -73,8 +79,9 @@ def register_flop_formulas() -> list[OpOverloadPacket]:
 
 
 def register_flop_formulas_on_import() -> None:
-    """:func:`register_flop_formulas` once ``torch.utils.flop_counter`` is imported (now if it is)."""
-    when_imported(FLOP_COUNTER, lambda _module: register_flop_formulas())
+    """Apply the ``flop_registry`` patch: :func:`register_flop_formulas` once ``torch.utils.flop_counter``
+    is imported (now if it is)."""
+    patches.apply(["flop_registry"])
 
 
 def registered_flop_formulas() -> list[OpOverloadPacket]:
@@ -85,10 +92,9 @@ def registered_flop_formulas() -> list[OpOverloadPacket]:
 
 def unregister_flop_formulas() -> None:
     """Remove exactly the entries :func:`register_flop_formulas` added (torch's are untouched)."""
-    from torch.utils import flop_counter as fc
-
+    fc = sys.modules.get(FLOP_COUNTER)
     for packet, fn in list(_ours.items()):
-        if fc.flop_registry.get(packet) is fn:
+        if fc is not None and fc.flop_registry.get(packet) is fn:
             del fc.flop_registry[packet]
         del _ours[packet]
 
@@ -96,7 +102,7 @@ def unregister_flop_formulas() -> None:
 @contextlib.contextmanager
 def torch_flop_formulas_only() -> Iterator[None]:
     """Inside: FlopCounterMode counts with torch's formulas alone; on exit exactly the entries of
-    ours that were registered before come back (the same function objects, a user rule's too)."""
+    ours that were registered before come back (the same function objects)."""
     from torch.utils import flop_counter as fc
 
     saved = {p: fn for p, fn in _ours.items() if fc.flop_registry.get(p) is fn}
@@ -108,3 +114,29 @@ def torch_flop_formulas_only() -> Iterator[None]:
             if packet not in fc.flop_registry:
                 fc.flop_registry[packet] = fn
                 _ours[packet] = fn
+
+
+_cancel: list[Callable[[], None]] = []
+
+
+def _apply() -> None:
+    _cancel.append(when_imported(FLOP_COUNTER, patches.guarded("flop_registry", lambda _module: register_flop_formulas())))
+
+
+def _restore() -> None:
+    _cancel.pop()()
+    unregister_flop_formulas()
+
+
+patches.register(patches.Patch(
+    "flop_registry",
+    changes=f"{FLOP_COUNTER}.flop_registry: adds aten._grouped_mm (2*M*N*K per group, floating dtypes) and "
+    "no other op; torch's own entries are untouched",
+    reason="FlopCounterMode counts 0 for _grouped_mm, the expert matmuls that are most of an MoE layer's "
+    "FLOPs, so MFU and solver cost models built on it are off by that much",
+    required=True,
+    apply=_apply,
+    restore=_restore,
+    waits_for=FLOP_COUNTER,
+    pending=lambda: FLOP_COUNTER not in sys.modules,
+))

@@ -112,7 +112,15 @@ def _restore_exact_partition() -> None:
 def _register() -> None:
     from dtensor_rules.registry import register_patch
 
-    register_patch("exact_int_partition", _apply_exact_partition, _restore_exact_partition)
+    register_patch(
+        "exact_int_partition",
+        _apply_exact_partition,
+        _restore_exact_partition,
+        changes="Partial._partition_value (Replicate -> Partial(sum)): integer and bool tensors keep the "
+        "value on mesh coordinate 0 and zeros elsewhere; floating tensors keep upstream's v / n",
+        reason="upstream's v / n is a float for an integer tensor: scatter_add of an int64 self fails on "
+        "the dtype, other ops silently promote",
+    )
 
 
 _register()

@@ -12,4 +12,12 @@ from __future__ import annotations
 from dtensor_rules._upstream import keep_first_symbol_record, restore_symbol_record
 from dtensor_rules.registry import register_patch
 
-register_patch("first_symbol_record", keep_first_symbol_record, restore_symbol_record)
+register_patch(
+    "first_symbol_record",
+    keep_first_symbol_record,
+    restore_symbol_record,
+    changes="torch.fx.experimental.proxy_tensor._init_proxy_trackers: every tracer created while applied "
+    "(make_fx, AOTAutograd, torch.compile) keeps the first proxy recorded per sympy symbol",
+    reason="torch.compile(dynamic=True) of DTensor code (the MoE block, upstream's rules too) dies with "
+    "RecursionError in the joint-graph trace without it (tests/test_moe_compile.py)",
+)

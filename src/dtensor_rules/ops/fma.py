@@ -28,8 +28,9 @@ does not have that problem, which is why P(avg) admits more layouts than P(sum))
 
 Registration is lazy: ``prims.fma`` only exists once ``torch._inductor.inductor_prims`` is
 imported (~2 s), so the rule and its cost formula are registered (and installed, if our rules
-are installed) when inductor defines the op, the way upstream registers its own fma rule.
-``dtensor_rules.ops.fma.fma`` (the op) defines it on first access.
+are installed) when inductor defines the op, the way upstream registers its own fma rule: the
+named patch ``deferred_fma`` (docs/patches.md). ``status()`` lists the rule before that
+(``status().deferred``); ``dtensor_rules.ops.fma.fma`` (the op) defines it on first access.
 
 Dispatch prices at most two strategies built from these rows (:mod:`dtensor_rules.compact`);
 solver and validator queries see every row over every mesh dim.
@@ -37,12 +38,15 @@ solver and validator queries see every row over every mesh dim.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._ops import OpOverload
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
-from dtensor_rules._upstream import ensure_prims_fma, on_prims_fma_defined
+from dtensor_rules._upstream import ensure_prims_fma, on_prims_fma_defined, prims_fma_defined
+from dtensor_rules.patches import guarded
 from dtensor_rules.costs.formulas.pointwise import fma_cost
 from dtensor_rules.ops._common import PlacementOrHole, broadcast_shape, metas, shard_through_broadcast
 from dtensor_rules.ops._partial import partial_ops, partial_survives_cast
@@ -52,8 +56,7 @@ from dtensor_rules.testing.suites.pointwise import fma_samples
 def __getattr__(name: str) -> Any:
     """``fma``: the op ``torch.ops.prims.fma.default``, defined (inductor imported) on first access."""
     if name == "fma":
-        ensure_prims_fma()
-        return torch.ops.prims.fma.default
+        return _define()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -93,17 +96,59 @@ def fma_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]
     return fma_rows(*metas(args))
 
 
-def _register() -> None:
+def _register_rule() -> OpOverload:
+    """The whole contract (strategy, cost, samples) of the op inductor defines; idempotent."""
     from dtensor_rules import registry
-    from dtensor_rules.costs.flop_counter import register_flop_formulas, registered_flop_formulas
 
     op = torch.ops.prims.fma.default
-    if op not in registry.rules():  # the whole contract (strategy, cost, samples), once inductor defines the op
+    if op not in registry.rules():
         registry.register(op, cost=fma_cost, samples=fma_samples)(fma_strategy)
+    return op
+
+
+def _define() -> OpOverload:
+    """Define ``prims.fma`` (imports inductor, ~2 s) and register its rule: what `validate --op fma` needs."""
+    ensure_prims_fma()
+    return _register_rule()
+
+
+def _on_defined() -> None:
+    """Inductor just defined the op (and upstream its rule): ours is registered, and installed if ours are."""
+    from dtensor_rules import registry
+
+    op = _register_rule()
     if registry.active_ops():  # our rules are installed: this one too (after upstream's, which inductor just registered)
         registry.install(ops=[op])
-    if registered_flop_formulas():
-        register_flop_formulas()
 
 
-on_prims_fma_defined(_register)
+_cancel: list[Callable[[], None]] = []
+
+
+def _apply() -> None:
+    _cancel.append(on_prims_fma_defined(guarded("deferred_fma", _on_defined)))
+
+
+def _restore() -> None:
+    _cancel.pop()()
+
+
+def _announce() -> None:
+    from dtensor_rules import registry
+
+    registry.defer("prims.fma.default", _INDUCTOR_PRIMS, _define, patch="deferred_fma")
+    registry.register_patch(
+        "deferred_fma",
+        _apply,
+        _restore,
+        changes="torch.distributed.tensor._ops._pointwise_ops.register_inductor_prims (until inductor is "
+        "imported): wrapped so that, right after upstream registers its prims.fma rule, ours is registered "
+        "and installed; upstream's function is put back at that moment",
+        reason="prims.fma exists only once torch._inductor.inductor_prims is imported (~2 s, never by "
+        "import dtensor_rules); compiled softmax backward decomposes into it",
+        waits_for=_INDUCTOR_PRIMS,
+        pending=lambda: not prims_fma_defined(),
+    )
+
+
+_INDUCTOR_PRIMS = "torch._inductor.inductor_prims"
+_announce()

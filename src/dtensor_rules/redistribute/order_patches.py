@@ -14,10 +14,8 @@
    DCP is heavy to import (~70 ms), so this half waits for the user's first import of it
    (``_upstream.checkpoint.on_planner_helpers_imported``) when ``install()`` runs before that.
 
-This module only defines the patch (:data:`NAME`, :func:`apply`, :func:`restore`) and imports
-nothing of the rule registry; ``dtensor_rules.load()`` hands it to the install machinery, so a
-full ``dtensor_rules.install()`` applies it and ``uninstall()`` puts the original function
-objects back.
+They are the named patches ``shard_order`` and ``checkpoint_shard_order`` (docs/patches.md): a full
+``dtensor_rules.install()`` applies them, ``uninstall()`` puts the original function objects back.
 """
 
 from __future__ import annotations
@@ -31,16 +29,18 @@ import torch
 from dtensor_rules._upstream import DTensorSpec, spec_of, TensorMeta
 from dtensor_rules._upstream.checkpoint import (
     CHUNK,
+    PLANNER_HELPERS,
     WRITE_ITEMS,
     chunk_metadata,
     metadata_index,
     on_planner_helpers_imported,
 )
 
-__all__ = ["has_custom_order", "checkpoint_shape_and_offset", "NAME", "apply", "restore"]
+from dtensor_rules.patches import Patch, guarded, register
 
-NAME = "shard_order"
-_orig: dict[str, object] = {}  # what apply() replaced: "shallow"; once DCP is patched, "helpers", "write", "chunk"
+__all__ = ["has_custom_order", "checkpoint_shape_and_offset"]
+
+_orig: dict[str, object] = {}  # what _apply replaced: "shallow"; once DCP is patched, "helpers", "write", "chunk"
 _cancel_dcp: list[Callable[[], None]] = []  # while applied: forgets the DCP half if DCP is not imported yet
 
 
@@ -91,18 +91,46 @@ def _patch_dcp(ph: ModuleType) -> None:
     setattr(ph, CHUNK, _chunk)
 
 
-def apply() -> None:
-    """Install both fixes (the DCP half now if DCP is imported, else at its first import)."""
+def _apply_spec() -> None:
     _orig["shallow"] = DTensorSpec.__dict__["shallow_copy_with_tensor_meta"]
     DTensorSpec.shallow_copy_with_tensor_meta = _shallow_copy_with_tensor_meta
-    _cancel_dcp.append(on_planner_helpers_imported(_patch_dcp))  # now if DCP is imported, else at its import
 
 
-def restore() -> None:
-    """Put back exactly the function objects :func:`apply` replaced."""
+def _restore_spec() -> None:
     DTensorSpec.shallow_copy_with_tensor_meta = _orig.pop("shallow")
+
+
+def _apply_dcp() -> None:
+    # now if DCP is imported, else at the user's import of it (a failure there warns, never raises)
+    _cancel_dcp.append(on_planner_helpers_imported(guarded("checkpoint_shard_order", _patch_dcp)))
+
+
+def _restore_dcp() -> None:
     _cancel_dcp.pop()()
     if "helpers" in _orig:
         ph = _orig.pop("helpers")
         setattr(ph, WRITE_ITEMS, _orig.pop("write"))
         setattr(ph, CHUNK, _orig.pop("chunk"))
+
+
+register(Patch(
+    name="shard_order",
+    changes="DTensorSpec.shallow_copy_with_tensor_meta: keeps a spec's explicit shard_order",
+    reason="upstream drops it, so an op whose strategy keeps the input's order (detach, alias) would claim "
+    "the default order while the data is in the ordered layout: wrong full_tensor()",
+    required=True,
+    apply=_apply_spec,
+    restore=_restore_spec,
+))
+register(Patch(
+    name="checkpoint_shard_order",
+    changes=f"{PLANNER_HELPERS}.{WRITE_ITEMS} and .{CHUNK}: chunk offsets of a DTensor with a non-default "
+    "shard order follow that order (every other DTensor goes to the original function)",
+    reason="DCP computes offsets for the default order only: a checkpoint of an ordered DTensor would "
+    "save rows at the wrong offsets",
+    required=True,
+    apply=_apply_dcp,
+    restore=_restore_dcp,
+    waits_for=PLANNER_HELPERS,
+    pending=lambda: "helpers" not in _orig,
+))

@@ -5,7 +5,8 @@ with a sample suite, plus every out= / in-place overload we have a rule for whos
 counterpart has one (samples built with ``aliasing.aliased_sample``), and runs the shard-order
 probe (:func:`shard_order_probe`) for the layout-preserving ops. :func:`write` stores the result
 as ``src/dtensor_rules/_upstream/measured_<major>_<minor>.json``; ``benchmarks/rule_coverage.py
---write-measured`` runs both.
+--write-measured`` (``_upstream.measured.REGENERATE``) runs both; :func:`coverage_of` says whether
+a file still covers the shipped rules.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch._ops import OpOverload
@@ -26,7 +27,8 @@ from dtensor_rules.testing.aliasing import aliased_sample, functional_counterpar
 from dtensor_rules.testing.suites import Samples, samples_for, suites
 from dtensor_rules.testing.validator import RuleReport, check_samples
 
-__all__ = ["measured_ops", "op_samples", "measure_op", "shard_order_probe", "measure", "write"]
+__all__ = ["measured_ops", "contested_ops", "coverage_of", "Coverage", "op_samples", "measure_op", "shard_order_probe",
+           "measure", "write"]
 
 aten = torch.ops.aten
 # ops whose rule exists to keep a DTensor's shard order (sample suites use default order only)
@@ -60,6 +62,27 @@ def measured_ops() -> list[OpOverload]:
     table = suites()
     ops = [op for op in registry.rules() if op in table or functional_counterpart(op) in table]
     return sorted(ops, key=str)
+
+
+class Coverage(NamedTuple):
+    """How a measured file's op set differs from what :func:`contested_ops` says it must hold."""
+
+    missing: list[str]  # ops both sides have a rule for now, not in the file
+    extra: list[str]  # ops in the file that are no longer contested (or no longer ours)
+
+
+def contested_ops() -> list[OpOverload]:
+    """The ops the running torch's measured file must hold: shipped, measurable, and upstream has a rule too
+    (a rule a user registers in this process is never measured: it does not count)."""
+    status, rules = registry.status(), registry.rules()
+    return [op for op in measured_ops() if status[op]["has"] == "both" and registry.is_shipped(rules[op])]
+
+
+def coverage_of(doc: dict[str, Any]) -> Coverage:
+    """Compare a measured document's ops with :func:`contested_ops` (both empty: up to date)."""
+    want = {str(op) for op in contested_ops()}
+    have = set(doc["ops"])
+    return Coverage(sorted(want - have), sorted(have - want))
 
 
 def _side(report: Any) -> dict[str, int] | None:

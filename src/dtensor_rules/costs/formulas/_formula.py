@@ -34,6 +34,7 @@ def formula(*, family: str) -> Callable[[Callable[[OpOverload, dict[str, Any]], 
         run.__qualname__ = fn.__qualname__
         run.__doc__ = fn.__doc__
         run.__module__ = fn.__module__
+        run.family = family  # type: ignore[attr-defined]  (read by costs.flop_counter)
         return run
 
     return deco

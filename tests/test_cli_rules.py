@@ -1,0 +1,65 @@
+"""#18.3: every rule the package ships is listable (`status`) and checkable (`validate --op`) from the CLI,
+including ``prims.fma`` before inductor is imported and the out= / in-place / hacked_twin overloads."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import dtensor_rules  # noqa: F401  (registers the shipped rules)
+from dtensor_rules import registry
+from dtensor_rules.cli.resolve import resolve
+
+ROOT = Path(__file__).resolve().parent.parent
+FMA = "prims.fma.default"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))  # this checkout, not an installed copy
+    env.pop("DTENSOR_RULES_NO_INSTALL", None)
+    return subprocess.run([sys.executable, "-m", "dtensor_rules", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def shipped() -> list[str]:
+    names = {str(op) for op, rule in registry.rules().items() if registry.is_shipped(rule)}
+    return sorted(names | set(registry.deferred()) | {FMA})
+
+
+def test_status_lists_every_shipped_rule_and_patch_before_inductor_is_imported() -> None:
+    run = cli("status")
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    listed = {line.split()[0] for line in run.stdout.splitlines() if line[:1].isalpha()}
+    missing = set(shipped()) - listed
+    assert not missing, missing
+    fma_line = next(line for line in run.stdout.splitlines() if line.startswith(FMA))
+    assert "installs when torch._inductor.inductor_prims is imported" in fma_line
+    for name in dtensor_rules.status().patches:
+        assert any(line.startswith(name + " ") for line in run.stdout.splitlines()), name
+
+
+@pytest.mark.parametrize("name", shipped())
+def test_validate_resolves_every_shipped_rule(name: str) -> None:
+    op, samples, how = resolve(name)  # what `validate --op NAME` runs on (cheap: no validation here)
+    assert str(op) == name and samples, (name, how)
+    for args, kwargs in samples[:1]:  # a sample is a call the op accepts
+        clone = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        op(*clone, **{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
+
+
+@pytest.mark.parametrize("spelling", ["fma", "prims.fma", "prims::fma", FMA])
+def test_fma_spellings_resolve(spelling: str) -> None:
+    assert str(resolve(spelling).op) == FMA
+
+
+def test_validate_fma_from_a_fresh_process() -> None:
+    run = cli("validate", "--op", "fma", "--json")  # the example in `validate --help`
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout)
+    assert report["op"] == FMA and report["ours"]["incorrect"] == 0 and report["ours"]["correct"] > 0

@@ -1,0 +1,162 @@
+"""#21.3: every global change beyond installing rules is a named patch: listed by status() with its
+reason and state, documented in docs/patches.md, switchable by name, restored exactly by uninstall().
+
+The oracle is torch's own objects, read in a fresh interpreter before ``import dtensor_rules``:
+after ``uninstall()`` each must be the very same object again, and modules imported afterwards
+(flop counter, DCP, inductor's prims) must come out as torch alone makes them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import dtensor_rules
+from dtensor_rules import patches, registry
+from dtensor_rules.registry import RuleError
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "patches.md"
+# every patch the package ships, and whether correctness needs it (on by default)
+SHIPPED = {
+    "first_symbol_record": True,
+    "exact_int_partition": True,
+    "cache_miss_hook": True,
+    "shard_order": True,
+    "checkpoint_shard_order": True,
+    "flop_registry": True,
+    "deferred_fma": True,
+}
+
+
+def run_fresh(code: str, **env: str) -> str:
+    full = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **env)  # this checkout, not an installed copy
+    if "DTENSOR_RULES_NO_INSTALL" not in env:
+        full.pop("DTENSOR_RULES_NO_INSTALL", None)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full,
+                          timeout=600)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc.stderr
+
+
+def test_status_lists_every_patch_with_its_reason_state_and_default() -> None:
+    states = dtensor_rules.status().patches
+    assert {n: s.required for n, s in states.items()} == SHIPPED
+    for s in states.values():
+        assert s.reason and s.changes and s.state.startswith(("on", "off")), s
+    assert set(patches.applied()) == set(patches.defaults()) == {n for n, req in SHIPPED.items() if req}
+
+
+def test_docs_page_lists_every_patch_and_how_to_turn_it_off() -> None:
+    text = DOC.read_text()
+    documented = re.findall(r"^### `([a-z_]+)`", text, flags=re.M)
+    assert sorted(documented) == sorted(SHIPPED)
+    for name in SHIPPED:
+        section = text.split(f"### `{name}`", 1)[1].split("\n### ", 1)[0]
+        assert "Changes" in section and "Why" in section and "Off" in section, name
+    for page in (ROOT / "README.md", ROOT / "docs" / "index.md"):
+        assert "patches.md" in page.read_text(), page
+
+
+def test_install_switches_patches_by_name_and_rejects_unknown_ones() -> None:
+    from dtensor_rules._upstream import cache_miss_wrapped
+
+    try:
+        registry.install(patches=[n for n in patches.defaults() if n != "cache_miss_hook"])
+        assert not cache_miss_wrapped()
+        assert dtensor_rules.status().patches["cache_miss_hook"].state == "off"
+        with pytest.raises(RuleError, match="unknown patch.*'no_such'.*first_symbol_record"):
+            registry.install(patches=["no_such"])
+        assert "no_such" not in patches.applied() and "first_symbol_record" in patches.applied()  # nothing changed
+        with registry.installed(patches=["cache_miss_hook"]):
+            assert patches.applied() == ["cache_miss_hook"] and cache_miss_wrapped()
+        assert "cache_miss_hook" not in patches.applied() and "first_symbol_record" in patches.applied()
+    finally:
+        registry.install(patches=patches.defaults())
+    assert cache_miss_wrapped()
+
+
+SNAPSHOT = """
+import sys
+import torch
+import torch.distributed.tensor
+import torch.fx.experimental.proxy_tensor as proxy_tensor
+import torch.distributed.tensor._ops._pointwise_ops as pointwise
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._dtensor_spec import DTensorSpec
+from torch.distributed.tensor.placement_types import Partial
+
+def snapshot():
+    d = DTensor._op_dispatcher
+    p = d.sharding_propagator
+    regs = ("op_strategy_funcs", "op_single_dim_strategy_funcs", "op_to_rules", "op_to_schema_info",
+            "op_to_schema_info_for_single_dim_strategy")
+    return {
+        "tracker": proxy_tensor._init_proxy_trackers,
+        "partition": Partial.__dict__["_partition_value"],
+        "shallow_copy": DTensorSpec.__dict__["shallow_copy_with_tensor_meta"],
+        "slow_path": vars(d).get("_propagate_op_sharding_dispatch_slow_path"),
+        "meta_step": vars(p).get("_propagate_tensor_meta_non_cached"),
+        "inductor_prims": pointwise.register_inductor_prims,
+        "meta_path": list(sys.meta_path),
+        "handlers": dict(d._custom_op_handlers),
+        **{r: dict(getattr(p, r)) for r in regs},
+    }
+
+def same(a, b):
+    diff = []
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, dict):
+            if x.keys() != y.keys() or any(x[i] is not y[i] for i in x):
+                diff.append(k)
+        elif isinstance(x, list):
+            if len(x) != len(y) or any(i is not j for i, j in zip(x, y)):
+                diff.append(k)
+        elif x is not y:
+            diff.append(k)
+    return diff
+"""
+
+
+def test_uninstall_gives_back_torchs_own_objects_and_later_imports_stay_pristine() -> None:
+    run_fresh(SNAPSHOT + textwrap.dedent("""
+        pristine = snapshot()
+        import dtensor_rules
+        installed = snapshot()
+        changed = same(pristine, installed)
+        assert {"tracker", "partition", "shallow_copy", "slow_path", "meta_step", "inductor_prims", "meta_path"} <= set(changed), changed
+        dtensor_rules.uninstall()
+        assert same(pristine, snapshot()) == [], same(pristine, snapshot())
+        assert all(s.state == "off" for s in dtensor_rules.status().patches.values())
+        # what would have completed at these imports does not fire any more
+        from torch.utils.flop_counter import flop_registry
+        assert not any(getattr(f, "__name__", "").startswith("dtensor_rules") for f in flop_registry.values())
+        import torch.distributed.checkpoint.planner_helpers as ph
+        assert ph._create_chunk_from_dtensor.__module__ == ph.__name__
+        import torch._inductor.inductor_prims
+        fma = torch.ops.prims.fma.default
+        p = DTensor._op_dispatcher.sharding_propagator
+        assert fma in p.op_single_dim_strategy_funcs or fma in p.op_strategy_funcs  # upstream's rule, as torch alone
+        assert fma not in dtensor_rules.status() and not any(f.__module__.startswith("dtensor_rules") for f in
+            (p.op_single_dim_strategy_funcs.get(fma), p.op_strategy_funcs.get(fma)) if f is not None)
+        print("OK")
+    """))
+
+
+def test_no_install_changes_nothing_in_torch() -> None:
+    run_fresh(SNAPSHOT + textwrap.dedent("""
+        pristine = snapshot()
+        import dtensor_rules
+        assert same(pristine, snapshot()) == [], same(pristine, snapshot())
+        assert dtensor_rules.status().patches and all(s.state == "off" for s in dtensor_rules.status().patches.values())
+        why = dtensor_rules.status().deferred["prims.fma.default"]
+        assert why == "not installed when torch._inductor.inductor_prims is imported: patch 'deferred_fma' is off", why
+        print("OK")
+    """), DTENSOR_RULES_NO_INSTALL="1")
