@@ -43,10 +43,10 @@ import torch
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
 from dtensor_rules._upstream import ensure_prims_fma, on_prims_fma_defined
+from dtensor_rules.core.suite_ref import suite
 from dtensor_rules.costs.formulas.pointwise import fma_cost
 from dtensor_rules.ops._common import PlacementOrHole, broadcast_shape, metas, shard_through_broadcast
 from dtensor_rules.ops._partial import partial_ops, partial_survives_cast
-from dtensor_rules.testing.suites.pointwise import fma_samples
 
 
 def __getattr__(name: str) -> Any:
@@ -99,7 +99,7 @@ def _register() -> None:
 
     op = torch.ops.prims.fma.default
     if op not in registry.rules():  # the whole contract (strategy, cost, samples), once inductor defines the op
-        registry.register(op, cost=fma_cost, samples=fma_samples)(fma_strategy)
+        registry.register(op, cost=fma_cost, samples=suite("pointwise", "fma_samples"))(fma_strategy)
     if registry.active_ops():  # our rules are installed: this one too (after upstream's, which inductor just registered)
         registry.install(ops=[op])
     if registered_flop_formulas():
