@@ -29,11 +29,13 @@ DTYPES = [torch.float32, torch.bfloat16]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # atol = rtol; plus rounding of the parts (_assert_matches)
 
 
-class Call:
+class Call(NamedTuple):
     """One grouped mm: operands, offs (None for 3-D x 3-D), and the output gradient to pull back."""
 
-    def __init__(self, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None, grad: torch.Tensor) -> None:
-        self.a, self.b, self.offs, self.grad = a, b, offs, grad
+    a: torch.Tensor
+    b: torch.Tensor
+    offs: torch.Tensor | None
+    grad: torch.Tensor
 
     def rest(self) -> list[torch.Tensor]:
         return [] if self.offs is None else [self.offs]
