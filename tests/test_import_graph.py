@@ -1,9 +1,12 @@
 """No import cycles among the package's modules, and the layers' direction (checked statically, ast).
 
-Direction: ops -> registry, ops -> costs, ops -> testing.suites, registry -> costs. So:
+Direction: ops -> registry, ops -> costs, registry -> costs, testing -> the product. So:
 costs never imports the registry or ops; the registry never imports ops; the suites never
-import ops; the planner (redistribute) imports none of the rule machinery. Beyond that, no module may reach itself through imports (``import_cycles``).
-Every import counts, function-level ones included (a lazy import is still a cycle).
+import ops; the planner (redistribute) imports none of the rule machinery; and the product
+(everything but the test kit ``testing/`` and the face ``cli/``) never imports the test kit: a
+rule names its samples (``core.suite_ref.suite``), loaded when a checking tool calls them. Beyond
+that, no module may reach itself through imports (``import_cycles``). Every import counts,
+function-level ones included (a lazy import is still a cycle).
 """
 
 from __future__ import annotations
@@ -49,6 +52,15 @@ def offending(paths: list[Path], forbidden: tuple[str, ...]) -> list[str]:
     return out
 
 
+# every part of the package but the test kit and the face (cli/, which imports the kit to run ``validate``)
+PRODUCT = sorted(p.name for p in PACKAGE.iterdir() if p.name not in ("testing", "cli", "__pycache__")
+                 and (p.is_dir() or p.suffix == ".py"))
+
+
+def test_the_product_list_holds_the_rules() -> None:
+    assert {"ops", "registry.py", "core", "costs", "__init__.py"} <= set(PRODUCT), PRODUCT
+
+
 def _files(sub: str) -> list[Path]:
     target = PACKAGE / sub
     return sorted(target.rglob("*.py")) if target.is_dir() else [target]
@@ -60,8 +72,9 @@ def _files(sub: str) -> list[Path]:
         ("costs", ("dtensor_rules.registry", "dtensor_rules.ops")),
         ("registry.py", ("dtensor_rules.ops",)),
         ("testing/suites", ("dtensor_rules.ops",)),
-        # the planner defines its torch patch; dtensor_rules.load() hands it to the install machinery
+        # the planner registers its torch patches through dtensor_rules.patches, not the rule registry
         ("redistribute", ("dtensor_rules.registry", "dtensor_rules.ops", "dtensor_rules.compact")),
+        *[(part, ("dtensor_rules.testing",)) for part in PRODUCT],
     ],
 )
 def test_no_import_against_the_direction(files: str, forbidden: tuple[str, ...]) -> None:

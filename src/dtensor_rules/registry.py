@@ -157,7 +157,7 @@ def _check_fields(values: dict[str, Any]) -> None:
 
 _CALLABLE_FIELDS = {
     "cost": " (cost(op, args, kwargs) -> OpCost, e.g. from dtensor_rules.costs.formulas)",
-    "samples": " (samples() -> [(args, kwargs), ...], e.g. from dtensor_rules.testing.suites)",
+    "samples": " (samples() -> [(args, kwargs), ...], e.g. dtensor_rules.core.suite_ref.suite(family, name))",
     "flops": " (flops(*args, **kwargs) -> int)",
     "bytes": " (bytes(*args, **kwargs) -> int or (read, written))",
     "handler": "",

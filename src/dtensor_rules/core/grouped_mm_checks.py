@@ -45,12 +45,15 @@ def kernel_accepts_layout(shape: Sequence[Any], stride: Sequence[Any], itemsize:
 
 def aligned_copy(t: torch.Tensor) -> torch.Tensor:
     """``t`` if the kernel accepts its layout, else a copy in a row-major buffer whose leading
-    stride is padded to 16 bytes (a plain ``contiguous()`` is not enough: see above)."""
+    stride is padded to 16 bytes (a plain ``contiguous()`` is not enough: see above).
+
+    The padded stride is at least 16 bytes even for zero columns: a contiguous ``(16, 0)`` has
+    strides ``(1, 1)``, which the kernel rejects (a rank with no tokens meets this in backward)."""
     if kernel_accepts_layout(t.shape, t.stride(), t.element_size()):
         return t
     align = alignment(t.element_size())
     cols = t.shape[-1]
-    padded = (cols + align - 1) // align * align
+    padded = max((cols + align - 1) // align, 1) * align
     buf = t.new_empty((*t.shape[:-1], padded))
     out = buf.narrow(-1, 0, cols)
     out.copy_(t)

@@ -63,6 +63,7 @@ from torch.distributed.tensor.placement_types import Partial, Replicate
 
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from dtensor_rules.core.suite_ref import suite
 from dtensor_rules.costs.formulas.counting import bincount_cost, histc_cost
 from dtensor_rules.ops._common import PlacementOrHole, sym_numel
 from dtensor_rules.ops._gaps import ALIASED_UNPRICED
@@ -70,7 +71,6 @@ from dtensor_rules.ops._rule_dispatch import rule_dispatch
 from dtensor_rules.ops._schema_args import row, schema_arg
 from dtensor_rules.ops.scan import linear_partials
 from dtensor_rules.registry import register
-from dtensor_rules.testing.suites.counting import bincount_samples, histc_samples
 
 aten = torch.ops.aten
 HISTC = [aten.histc.default, aten.histc.out]
@@ -90,7 +90,7 @@ def _scalar(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) else None
 
 
-@register(aten.histc.default, cost=histc_cost, samples=histc_samples)
+@register(aten.histc.default, cost=histc_cost, samples=suite("counting", "histc_samples"))
 @register(aten.histc.out, gaps=ALIASED_UNPRICED)
 def histc_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Fixed bin edges (min != max): any input dim sharded -> P(sum) counts; else replicate only."""
@@ -115,7 +115,7 @@ def bincount_dtype(weights_dtype: torch.dtype, self_numel: Any) -> torch.dtype:
     return weights_dtype if weights_dtype in (torch.float32, torch.float64) else torch.float64
 
 
-@register(aten.bincount.default, cost=bincount_cost, samples=bincount_samples, handler=rule_dispatch)
+@register(aten.bincount.default, cost=bincount_cost, samples=suite("counting", "bincount_samples"), handler=rule_dispatch)
 @register(aten.bincount.out, gaps=ALIASED_UNPRICED, handler=rule_dispatch)
 def bincount_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Replicated self; Partial(sum/avg) floating weights give a Partial(sum/avg) histogram."""

@@ -46,11 +46,11 @@ from torch._ops import OpOverload
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
 from dtensor_rules._upstream import ensure_prims_fma, on_prims_fma_defined, prims_fma_defined
+from dtensor_rules.core.suite_ref import suite
 from dtensor_rules.patches import guarded
 from dtensor_rules.costs.formulas.pointwise import fma_cost
 from dtensor_rules.ops._common import PlacementOrHole, broadcast_shape, metas, shard_through_broadcast
 from dtensor_rules.ops._partial import partial_ops, partial_survives_cast
-from dtensor_rules.testing.suites.pointwise import fma_samples
 
 
 def __getattr__(name: str) -> Any:
@@ -102,7 +102,7 @@ def _register_rule() -> OpOverload:
 
     op = torch.ops.prims.fma.default
     if op not in registry.rules():
-        registry.register(op, cost=fma_cost, samples=fma_samples)(fma_strategy)
+        registry.register(op, cost=fma_cost, samples=suite("pointwise", "fma_samples"))(fma_strategy)
     return op
 
 

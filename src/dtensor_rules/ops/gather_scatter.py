@@ -91,19 +91,13 @@ import torch
 from dtensor_rules._upstream import ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate
 
+from dtensor_rules.core.suite_ref import suite
 from dtensor_rules.costs.formulas.indexing import gather_cost, scatter_cost
 from dtensor_rules.ops._common import PlacementOrHole, metas, normalize_dim, size_is
 from dtensor_rules.ops._gaps import ALIASED_SAMPLES, ALIASED_UNPRICED
 from dtensor_rules.ops._partial import partial_ops
 from dtensor_rules.ops.gather_mask import mask_row, mask_row_offered, mask_row_pays
 from dtensor_rules.registry import register
-from dtensor_rules.testing.suites.gather_scatter import (
-    gather_samples,
-    scatter_add_samples,
-    scatter_reduce_samples,
-    scatter_src_samples,
-    scatter_value_samples,
-)
 
 aten = torch.ops.aten
 GATHER = [aten.gather.default, aten.gather.out]
@@ -144,7 +138,7 @@ def _either_partial(P: Placement) -> list[tuple[Placement, Placement]]:
     return [(P, P), (P, R), (R, P)]
 
 
-@register(aten.gather.default, cost=gather_cost, samples=gather_samples)
+@register(aten.gather.default, cost=gather_cost, samples=suite("gather_scatter", "gather_samples"))
 @register(aten.gather.out, gaps=ALIASED_UNPRICED)
 def gather_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
     """Equal-size dims shard together; index sharded on dim with self replicated; self sharded
@@ -183,7 +177,7 @@ def _index_sharded_sum_row(dim: int, self_m: Any, index_m: Any, src_m: Any) -> l
     return []
 
 
-@register(aten.scatter_add.default, cost=scatter_cost, samples=scatter_add_samples)
+@register(aten.scatter_add.default, cost=scatter_cost, samples=suite("gather_scatter", "scatter_add_samples"))
 @register(aten.scatter_add_.default, cost=scatter_cost, gaps=ALIASED_SAMPLES)
 @register(aten.scatter_add.out, gaps=ALIASED_UNPRICED)
 def scatter_add_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
@@ -212,7 +206,7 @@ def _add_partial_rows(dim: int, self_m: Any, index_m: Any, src_m: Any, index_sha
     return rows
 
 
-@register(aten.scatter.src, cost=scatter_cost, samples=scatter_src_samples)
+@register(aten.scatter.src, cost=scatter_cost, samples=suite("gather_scatter", "scatter_src_samples"))
 @register(aten.scatter_.src, cost=scatter_cost, gaps=ALIASED_SAMPLES)
 @register(aten.scatter.src_out, gaps=ALIASED_UNPRICED)
 def scatter_src_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
@@ -235,7 +229,7 @@ def _is_zero(value: Any) -> bool:
         return False
 
 
-@register(aten.scatter.value, cost=scatter_cost, samples=scatter_value_samples)
+@register(aten.scatter.value, cost=scatter_cost, samples=suite("gather_scatter", "scatter_value_samples"))
 @register(aten.scatter_.value, cost=scatter_cost, gaps=ALIASED_SAMPLES)
 @register(aten.scatter.value_out, gaps=ALIASED_UNPRICED)
 def scatter_value_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
@@ -264,7 +258,7 @@ _SELF_ONLY_OPS = {
 }
 
 
-@register(aten.scatter_reduce.two, cost=scatter_cost, samples=scatter_reduce_samples)
+@register(aten.scatter_reduce.two, cost=scatter_cost, samples=suite("gather_scatter", "scatter_reduce_samples"))
 @register(aten.scatter_reduce_.two, cost=scatter_cost, gaps=ALIASED_SAMPLES)
 @register(aten.scatter_reduce.two_out, gaps=ALIASED_UNPRICED)
 def scatter_reduce_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:

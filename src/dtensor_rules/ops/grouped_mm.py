@@ -80,9 +80,9 @@ from dtensor_rules.core.grouped_mm_checks import (  # noqa: F401  (kernel_accept
     kernel_accepts_layout,
     shards_accepted_cached,
 )
+from dtensor_rules.core.suite_ref import suite
 from dtensor_rules.costs.formulas.matmul import grouped_mm_cost
 from dtensor_rules.registry import register
-from dtensor_rules.testing.suites.grouped_mm import grouped_mm_samples
 
 aten = torch.ops.aten
 GROUPED_MM = aten._grouped_mm.default
@@ -178,7 +178,7 @@ def grouped_mm_handler(op: Any, args: Any, kwargs: Any) -> Any:
 
 
 @register(
-    GROUPED_MM, kind="op_strategy", cost=grouped_mm_cost, samples=grouped_mm_samples,
+    GROUPED_MM, kind="op_strategy", cost=grouped_mm_cost, samples=suite("grouped_mm", "grouped_mm_samples"),
     meta_fallback=grouped_mm_meta_fallback, handler=grouped_mm_handler,
 )
 def grouped_mm_strategy(op_schema: OpSchema) -> OpStrategy:

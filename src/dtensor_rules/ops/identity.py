@@ -23,9 +23,9 @@ from __future__ import annotations
 import torch
 from dtensor_rules._upstream import DTensorSpec, OpSchema, OpSpec, OpStrategy
 
+from dtensor_rules.core.suite_ref import suite
 from dtensor_rules.ops._gaps import ALIASED_UNPRICED, VIEW
 from dtensor_rules.registry import register
-from dtensor_rules.testing.suites.pointwise import identity_samples
 
 aten = torch.ops.aten
 
@@ -37,7 +37,7 @@ def _same_spec(spec: DTensorSpec) -> DTensorSpec:
                        use_strided_shard_as_shard_order=spec.use_strided_shard_as_shard_order)
 
 
-@register([aten.detach.default, aten.alias.default], kind="op_strategy", samples=identity_samples, gaps=VIEW)
+@register([aten.detach.default, aten.alias.default], kind="op_strategy", samples=suite("pointwise", "identity_samples"), gaps=VIEW)
 @register(aten.detach_.default, kind="op_strategy", gaps=ALIASED_UNPRICED)
 def identity_layout_strategy(op_schema: OpSchema) -> OpStrategy:
     """One strategy per input strategy: the input's spec, unchanged, in and out (zero cost)."""

@@ -78,12 +78,12 @@ import torch
 from dtensor_rules._upstream import ShardingPlaceholder, TensorMeta
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
+from dtensor_rules.core.suite_ref import suite
 from dtensor_rules.costs.formulas.indexing import index_cost, index_put_cost
 from dtensor_rules.ops._common import PlacementOrHole, size_is
 from dtensor_rules.ops import _cache_miss  # noqa: F401  (registers the cache_miss_hook patch)
 from dtensor_rules.ops._gaps import ALIASED_SAMPLES, ALIASED_UNPRICED, HACKED_TWIN
 from dtensor_rules.registry import register
-from dtensor_rules.testing.suites.indexing import index_put_samples, index_samples
 
 aten = torch.ops.aten
 
@@ -183,7 +183,7 @@ def _partial_ops(dtype: torch.dtype) -> tuple[str, ...]:
     return ("sum", "avg", "max", "min") if dtype.is_floating_point or dtype.is_complex else ("sum", "max", "min")
 
 
-@register(aten.index.Tensor, cost=index_cost, samples=index_samples)
+@register(aten.index.Tensor, cost=index_cost, samples=suite("indexing", "index_samples"))
 @register(aten.index.Tensor_out, gaps=ALIASED_UNPRICED)
 @register(aten.index.Tensor_hacked_twin, gaps=HACKED_TWIN)
 def index_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
@@ -247,7 +247,7 @@ def _mask_strategies(lay: IndexLayout, values: TensorMeta, row: Any) -> list[lis
     return out
 
 
-@register(aten.index_put.default, cost=index_put_cost, samples=index_put_samples)
+@register(aten.index_put.default, cost=index_put_cost, samples=suite("indexing", "index_put_samples"))
 @register([aten.index_put_.default, aten._index_put_impl_.default], cost=index_put_cost, gaps=ALIASED_SAMPLES)
 @register(aten.index_put.out, gaps=ALIASED_UNPRICED)
 @register([aten.index_put.hacked_twin, aten.index_put_.hacked_twin], gaps=HACKED_TWIN)

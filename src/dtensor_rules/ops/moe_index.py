@@ -40,11 +40,11 @@ from typing import Any
 
 import torch
 
+from dtensor_rules.core.suite_ref import suite
 from dtensor_rules.kernels.moe_index_op import moe_permute_indices_op
 from dtensor_rules.kernels.moe_index_reference import INDEX_DTYPE
 from dtensor_rules.ops._common import PlacementOrHole, nbytes
 from dtensor_rules.registry import register
-from dtensor_rules.testing.suites.moe_index import moe_permute_indices_samples
 
 MOE_PERMUTE_INDICES = moe_permute_indices_op._opoverload
 
@@ -65,7 +65,7 @@ def moe_permute_indices_bytes(
 
 @register(
     moe_permute_indices_op, flops=moe_permute_indices_flops, bytes=moe_permute_indices_bytes,
-    samples=moe_permute_indices_samples,
+    samples=suite("moe_index", "moe_permute_indices_samples"),
 )
 def moe_permute_indices_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Replicate only: every output depends on every count through non-linear prefix sums."""

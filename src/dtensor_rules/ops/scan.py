@@ -44,13 +44,13 @@ import torch
 from dtensor_rules._upstream import ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial
 
+from dtensor_rules.core.suite_ref import suite
 from dtensor_rules.costs.formulas.counting import cumsum_cost
 from dtensor_rules.ops._common import PlacementOrHole, normalize_dim
 from dtensor_rules.ops._partial import partial_survives_cast
 from dtensor_rules.ops._gaps import ALIASED_UNPRICED
 from dtensor_rules.ops._schema_args import row, schema_arg
 from dtensor_rules.registry import register
-from dtensor_rules.testing.suites.scan import cumsum_inplace_samples, cumsum_samples
 
 aten = torch.ops.aten
 CUMSUM = [aten.cumsum.default, aten.cumsum.out, aten.cumsum_.default]
@@ -75,8 +75,8 @@ def linear_partials(in_dtype: torch.dtype, out_dtype: torch.dtype) -> list[str]:
     return [op for op in ("sum", "avg") if partial_survives_cast(op, in_dtype, out_dtype)]
 
 
-@register(aten.cumsum.default, cost=cumsum_cost, samples=cumsum_samples)
-@register(aten.cumsum_.default, cost=cumsum_cost, samples=cumsum_inplace_samples)
+@register(aten.cumsum.default, cost=cumsum_cost, samples=suite("scan", "cumsum_samples"))
+@register(aten.cumsum_.default, cost=cumsum_cost, samples=suite("scan", "cumsum_inplace_samples"))
 @register(aten.cumsum.out, gaps=ALIASED_UNPRICED)
 def cumsum_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Shard any dim but ``dim``; Partial(sum/avg) passes through where the dtypes keep it linear."""

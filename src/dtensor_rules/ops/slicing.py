@@ -97,6 +97,7 @@ from dtensor_rules._upstream import OpSchema, OpStrategy, ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
+from dtensor_rules.core.suite_ref import suite
 from dtensor_rules.costs.formulas.indexing import cat_cost, slice_scatter_cost
 from dtensor_rules.ops._casts import cast_partial_ops
 from dtensor_rules.ops._common import PlacementOrHole, normalize_dim
@@ -105,7 +106,6 @@ from dtensor_rules.compact.rows import rows_strategy
 from dtensor_rules.ops._gaps import ALIASED_UNPRICED
 from dtensor_rules.ops._partial import partial_ops
 from dtensor_rules.registry import register
-from dtensor_rules.testing.suites.slicing import cat_samples, slice_scatter_samples
 
 aten = torch.ops.aten
 CAT = [aten.cat.default, aten.cat.out]
@@ -276,7 +276,7 @@ def _cat_args(op_schema: OpSchema) -> tuple[list[Any], int]:
     return list(args[0]), dim
 
 
-@register(aten.cat.default, kind="op_strategy", cost=cat_cost, samples=cat_samples)
+@register(aten.cat.default, kind="op_strategy", cost=cat_cost, samples=suite("slicing", "cat_samples"))
 @register(aten.cat.out, kind="op_strategy", gaps=ALIASED_UNPRICED)
 def cat_strategy(op_schema: OpSchema, full: bool = False) -> OpStrategy:
     """Non-cat dims shard together; Partial passes where the dtype cast keeps it; the cat dim only
@@ -419,7 +419,7 @@ def slice_scatter_rows(call: ScatterCall) -> tuple[Row, ...]:
     return tuple(strategies)
 
 
-@register(aten.slice_scatter.default, kind="op_strategy", cost=slice_scatter_cost, samples=slice_scatter_samples)
+@register(aten.slice_scatter.default, kind="op_strategy", cost=slice_scatter_cost, samples=suite("slicing", "slice_scatter_samples"))
 @register(aten.slice_scatter.out, kind="op_strategy", gaps=ALIASED_UNPRICED)
 def slice_scatter_strategy(op_schema: OpSchema, full: bool = False) -> OpStrategy:
     """Shard dims other than the slice dim together; Partial passes where src's cast keeps it."""

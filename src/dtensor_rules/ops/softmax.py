@@ -31,18 +31,18 @@ import torch
 from dtensor_rules._upstream import ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
+from dtensor_rules.core.suite_ref import suite
 from dtensor_rules.costs.formulas.pointwise import softmax_backward_cost
 from dtensor_rules.ops._gaps import ALIASED_SAMPLES
 from dtensor_rules.ops._common import PlacementOrHole, metas, normalize_dim
 from dtensor_rules.ops._partial import partial_survives_cast
 from dtensor_rules.registry import register
-from dtensor_rules.testing.suites.pointwise import softmax_backward_samples
 
 aten = torch.ops.aten
 SOFTMAX_BACKWARD = [aten._softmax_backward_data.default, aten._softmax_backward_data.out]
 
 
-@register(aten._softmax_backward_data.default, cost=softmax_backward_cost, samples=softmax_backward_samples)
+@register(aten._softmax_backward_data.default, cost=softmax_backward_cost, samples=suite("pointwise", "softmax_backward_samples"))
 @register(aten._softmax_backward_data.out, cost=softmax_backward_cost, gaps=ALIASED_SAMPLES)
 def softmax_backward_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Shard any non-softmax dim; Partial(sum/avg) grad passes through (linearity)."""

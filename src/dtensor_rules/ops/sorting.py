@@ -43,18 +43,12 @@ from typing import Any
 import torch
 from dtensor_rules._upstream import ShardingPlaceholder
 
+from dtensor_rules.core.suite_ref import suite
 from dtensor_rules.costs.formulas.sorting import sort_cost, topk_cost
 from dtensor_rules.ops._common import PlacementOrHole, normalize_dim
 from dtensor_rules.ops._gaps import ALIASED_UNPRICED
 from dtensor_rules.ops._schema_args import row, schema_arg
 from dtensor_rules.registry import register
-from dtensor_rules.testing.suites.sorting import (
-    argsort_samples,
-    argsort_stable_samples,
-    sort_samples,
-    sort_stable_samples,
-    topk_samples,
-)
 
 aten = torch.ops.aten
 SORT = [aten.sort.default, aten.sort.stable, aten.sort.values, aten.sort.values_stable]
@@ -82,23 +76,23 @@ def shard_other_dims(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHo
     return rows
 
 
-@register(aten.sort.default, cost=sort_cost, samples=sort_samples)
-@register(aten.sort.stable, cost=sort_cost, samples=sort_stable_samples)
+@register(aten.sort.default, cost=sort_cost, samples=suite("sorting", "sort_samples"))
+@register(aten.sort.stable, cost=sort_cost, samples=suite("sorting", "sort_stable_samples"))
 @register([aten.sort.values, aten.sort.values_stable], gaps=ALIASED_UNPRICED)
 def sort_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """sort(self, dim, descending[, stable]): shard any dim but ``dim``; no Partial."""
     return shard_other_dims(op, args, kwargs)
 
 
-@register(aten.argsort.default, cost=sort_cost, samples=argsort_samples)
-@register(aten.argsort.stable, cost=sort_cost, samples=argsort_stable_samples)
+@register(aten.argsort.default, cost=sort_cost, samples=suite("sorting", "argsort_samples"))
+@register(aten.argsort.stable, cost=sort_cost, samples=suite("sorting", "argsort_stable_samples"))
 @register(aten.argsort.stable_out, gaps=ALIASED_UNPRICED)
 def argsort_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """argsort = sort's indices: shard any dim but ``dim``; no Partial."""
     return shard_other_dims(op, args, kwargs)
 
 
-@register(aten.topk.default, cost=topk_cost, samples=topk_samples)
+@register(aten.topk.default, cost=topk_cost, samples=suite("sorting", "topk_samples"))
 @register(aten.topk.values, gaps=ALIASED_UNPRICED)
 def topk_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """topk(self, k, dim, largest, sorted): shard any dim but ``dim``; no Partial."""

@@ -4,8 +4,9 @@ Each rank's local inputs are cut from the full tensors exactly as DTensor would
 (``compute_local_shape_and_global_offset``: chunk semantics, uneven and empty
 shards included); Partial inputs are split into per-rank contributions that
 reduce back to the full value but are individually far from it (asymmetric,
-sign-varying splits; alternating owners for max/min), so an op that is not
-really linear or selective fails. The op runs on each rank's plain tensors and
+sign-varying splits; for max/min alternating owners, the other ranks below by
+offsets that vary along every dim, so no part, nor their mean, is a shifted
+copy), so an op that is not really linear or selective fails. The op runs on each rank's plain tensors and
 the claimed output placements are checked by reducing Partial mesh dims and
 comparing each rank's shard with the ground truth.
 """
@@ -91,7 +92,11 @@ def split_partial(x: torch.Tensor, reduce_op: str, n: int, idx: int, salt: int) 
         span = (x.max() - x.min()).double().item() if floating else int(x.max() - x.min())
         big = span * 2 + 1
         holds = _owner(x.shape, n, salt) == idx
-        shifted = x - big if reduce_op == "max" else x + big
+        # a non-owner's offset varies along every dim (big, 2 big or 3 big), so the parts are not
+        # x shifted by a constant: their average then is not either, and a shift-invariant op
+        # (x - x.mean(-1)) cannot pass a P(max) -> P(avg) claim
+        offset = big * (1 + _owner(x.shape, 3, salt + 1 + idx))
+        shifted = x - offset if reduce_op == "max" else x + offset
         return torch.where(holds, x, shifted.to(x.dtype))
     raise ValueError(f"unknown Partial reduce op {reduce_op!r}")
 
