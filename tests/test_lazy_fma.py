@@ -3,13 +3,9 @@ inductor defines the op (installed if our rules are), and uninstall gives upstre
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests._fresh import run_python
 
 CODE = textwrap.dedent(
     """
@@ -40,6 +36,5 @@ CODE = textwrap.dedent(
 
 
 def test_fma_rule_arrives_with_inductor_and_not_before() -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
+    proc = run_python(CODE)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
