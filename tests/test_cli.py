@@ -51,6 +51,7 @@ def test_validate_json_for_every_op_with_a_suite(op, capsys):
     assert set(report["ours"]) == set(report["upstream"]) == {"correct", "incorrect", "missing"}
 
 
+@pytest.mark.slow
 def test_validate_on_2x2_from_a_fresh_process_prints_only_json():
     run = cli("validate", "--op", "cumsum", "--mesh", "2x2", "--json")
     assert run.returncode == 0, run.stderr[-3000:]

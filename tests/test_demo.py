@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 import torch
 from expecttest import TestCase
 
@@ -13,6 +14,7 @@ from dtensor_rules.cli.ui import Steps, table
 from tests._fresh import run_python
 
 
+@pytest.mark.slow
 def test_demo_command_exits_zero_and_every_check_holds() -> None:
     run = run_python(module="dtensor_rules", args=["demo"])  # a fresh process (tests/_fresh.py)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 from tests._fresh import run_python
+
+pytestmark = pytest.mark.slow  # see pyproject.toml
 
 CODE = textwrap.dedent(
     """

@@ -27,6 +27,8 @@ LAZY = {LAZY!r}
 def loaded():
     return sorted(m for m in sys.modules if m.startswith(LAZY))
 from dtensor_rules.redistribute import order_patches as op
+
+pytestmark = pytest.mark.slow  # see pyproject.toml
 """
 
 SCENARIOS = {

@@ -50,6 +50,7 @@ def test_make_fx_symbolic_max_len_from_a_token_count() -> None:
     assert perm.shape == (52,) and offs.tolist() == [8, 16, 24, 32]
 
 
+@pytest.mark.slow
 def test_torch_compile_fullgraph() -> None:
     args = sample_args()
 

@@ -104,6 +104,7 @@ GLOO_REDUCE_OPS = [
 ] + [((2, 2), (5, 3), ((Partial(op), Shard(0)), None), ((Replicate(), Shard(1)), None), "single") for op in ("avg", "max")]
 
 
+@pytest.mark.slow
 def test_gloo_flattened_steps_exact():
     """All (2, 2) cases (gather, all_to_all, reduce_scatter, all_reduce on uneven sizes; sum/avg/max/min)
     in one gloo world of 4."""

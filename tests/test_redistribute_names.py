@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import types
 
+import pytest
+
 import dtensor_rules
 from tests._fresh import run_python
 
@@ -23,6 +25,7 @@ def test_top_level_functions_are_the_package_functions():
     assert dtensor_rules.plan is plan and dtensor_rules.distribute_tensor is distribute_tensor
 
 
+@pytest.mark.slow
 def test_fresh_interpreter_import_as_works():
     """``import dtensor_rules.redistribute as rd; rd.plan`` in a fresh process (what the docs title promises)."""
     code = "import dtensor_rules.redistribute as rd; print(rd.plan.__module__)"

@@ -214,6 +214,7 @@ def test_rules_carry_doc_module_cost_and_samples():
     assert FMA(*args, **kwargs).shape == torch.broadcast_shapes(*(t.shape for t in args))
 
 
+@pytest.mark.slow
 def test_import_without_install_and_old_torch_message():
     code = textwrap.dedent(
         """

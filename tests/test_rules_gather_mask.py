@@ -192,6 +192,7 @@ def fake_mesh():  # noqa: ANN201
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", [None, "unbacked"], ids=["backed", "unbacked"])
 def test_compiled_with_dynamic_sizes(fake_mesh, kind) -> None:  # noqa: ANN001
     """``torch.compile(aot_eager, dynamic=True)``: the masked strategy traces (a fake group: rank 0's
