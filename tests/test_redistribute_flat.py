@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 from dtensor_rules.redistribute import Layout, distribute_tensor, plan, redistribute
@@ -57,7 +57,6 @@ def test_flattened_step_is_one_collective_and_exact(monkeypatch, mesh_shape, sha
     assert len(calls) >= len(flat_steps)
 
 
-@settings(max_examples=25, deadline=None)
 @given(layout_pairs(mesh_shapes=((2, 2), (2, 4), (2, 2, 2)), max_tensor_ndim=2))
 def test_random_pairs_fused_execution_is_exact(case):
     mesh_shape, shape, src, dst = case

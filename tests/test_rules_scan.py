@@ -5,7 +5,7 @@ from __future__ import annotations
 import expecttest
 import pytest
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from dtensor_rules._upstream import ShardingPlaceholder, TORCH_VERSION
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
@@ -36,7 +36,6 @@ def tensors(draw: st.DrawFn) -> torch.Tensor:
     return torch.randint(-9, 10, shape, generator=g, dtype=dtype)
 
 
-@settings(max_examples=25, deadline=None)
 @given(st.sampled_from(MESHES), tensors(), st.data())
 def test_cumsum_every_strategy_correct(mesh, x, data) -> None:
     nd = max(x.ndim, 1)
@@ -204,7 +203,6 @@ CAST_SRC = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.i
 CAST_DST = [None, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64]
 
 
-@settings(max_examples=60, deadline=None)
 @given(
     st.sampled_from([(2,), (4,), (2, 2), (2, 2, 2)]),
     st.sampled_from(CAST_SRC),
