@@ -10,6 +10,8 @@ import pytest
 
 from tests._fresh import ROOT, run_python
 
+pytestmark = pytest.mark.slow  # see pyproject.toml
+
 
 def _first_python_block(path: Path) -> str:
     match = re.search(r"```python\n(.*?)```", path.read_text(), re.S)
@@ -30,8 +32,6 @@ def test_a_rejected_call_still_raises_torch_error_without_log_noise() -> None:
 import torch, dtensor_rules
 from torch.distributed.tensor import Replicate, distribute_tensor
 from dtensor_rules.testing import simulated_mesh
-
-pytestmark = pytest.mark.slow  # see pyproject.toml
 with simulated_mesh((2,)) as mesh:
     rep = lambda t: distribute_tensor(t, mesh, [Replicate()])
     try:

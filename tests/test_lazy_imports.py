@@ -16,6 +16,8 @@ import pytest
 
 from tests._fresh import run_python
 
+pytestmark = pytest.mark.slow  # see pyproject.toml
+
 LAZY = ("torch.distributed.checkpoint", "torch.distributed.fsdp", "torch.utils.flop_counter", "triton",
         "dtensor_rules.testing.validator", "dtensor_rules.testing.mesh")
 
@@ -27,8 +29,6 @@ LAZY = {LAZY!r}
 def loaded():
     return sorted(m for m in sys.modules if m.startswith(LAZY))
 from dtensor_rules.redistribute import order_patches as op
-
-pytestmark = pytest.mark.slow  # see pyproject.toml
 """
 
 SCENARIOS = {
