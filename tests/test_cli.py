@@ -4,21 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from dtensor_rules.cli.main import HARDWARE, build_parser, main, parse_mesh
 from dtensor_rules._upstream import TORCH_VERSION
 from dtensor_rules.testing.suites import suites
+from tests._fresh import run_python
 
 ALL_OPS = sorted(str(op) for op in suites())
-ROOT = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
 
 
 # ops where upstream's rule offers more correct layouts than ours on mesh 2, per torch release;
@@ -31,10 +27,9 @@ def last_json_line(text: str) -> dict:
     return json.loads(text)
 
 
-def cli(*args: str, importtime: bool = False) -> subprocess.CompletedProcess:
-    flags = ["-X", "importtime"] if importtime else []
-    return subprocess.run([sys.executable, *flags, "-m", "dtensor_rules", *args], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=600)
+def cli(*args: str) -> subprocess.CompletedProcess:
+    """``python -m dtensor_rules ARGS`` in a fresh process (``tests/_fresh.py``)."""
+    return run_python(module="dtensor_rules", args=args)
 
 
 def clean(stderr: str) -> bool:
@@ -57,6 +52,7 @@ def test_validate_json_for_every_op_with_a_suite(op, capsys):
     assert set(report["ours"]) == set(report["upstream"]) == {"correct", "incorrect", "missing"}
 
 
+@pytest.mark.slow
 def test_validate_on_2x2_from_a_fresh_process_prints_only_json():
     run = cli("validate", "--op", "cumsum", "--mesh", "2x2", "--json")
     assert run.returncode == 0, run.stderr[-3000:]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
@@ -32,6 +32,7 @@ from dtensor_rules.ops.softmax import SOFTMAX_BACKWARD
 from dtensor_rules.registry import get_rule
 from dtensor_rules.testing import fake_world, simulated_mesh
 from dtensor_rules.testing.dispatch import full_value, to_dtensor
+from tests._examples import scaled
 
 aten = torch.ops.aten
 SBD = SOFTMAX_BACKWARD[0]
@@ -137,7 +138,6 @@ def _exact_rows_exist(rows, placements) -> bool:  # noqa: ANN001
     return len(kinds) <= 1 or kinds == {"sum", "avg"}
 
 
-@settings(max_examples=10, deadline=None)
 @given(pa=st.lists(st.sampled_from(PLACEMENTS), min_size=2, max_size=2),
        pc=st.lists(st.sampled_from(PLACEMENTS), min_size=2, max_size=2), seed=st.integers(0, 1000))
 def test_fma_dispatch_matches_single_device_and_exact_layouts_do_not_communicate(pa, pc, seed) -> None:  # noqa: ANN001
@@ -159,7 +159,6 @@ def test_fma_dispatch_matches_single_device_and_exact_layouts_do_not_communicate
 GATHER_LIKE = [Replicate(), Shard(0), Shard(1), Partial("sum"), Partial("max")]
 
 
-@settings(max_examples=12, deadline=None)
 @given(ps=st.lists(st.sampled_from(GATHER_LIKE), min_size=3, max_size=3),
        pi=st.lists(st.sampled_from([Replicate(), Shard(0), Shard(1)]), min_size=3, max_size=3),
        src_dtype=st.sampled_from([torch.float32, torch.int64]), seed=st.integers(0, 1000))
@@ -241,7 +240,7 @@ def _reference_greedy(inputs, ndim, rows, n_out, fixed):  # noqa: ANN001, ANN202
     return picked
 
 
-@settings(max_examples=300, deadline=None)
+@scaled(10)  # scoring logic on tiny tables, ~10 ms an example: ten times the profile's count
 @given(data=st.data())
 def test_greedy_scoring_shortcuts_keep_the_documented_choice(data) -> None:  # noqa: ANN001
     """Dispatch stops scoring a row once it cannot win and a mesh dim at a row that moves nothing;

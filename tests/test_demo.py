@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 import io
-import os
-import subprocess
-import sys
-from pathlib import Path
 
+import pytest
 import torch
 from expecttest import TestCase
 
 import dtensor_rules  # noqa: F401
 from dtensor_rules.cli import demo
 from dtensor_rules.cli.ui import Steps, table
+from tests._fresh import run_python
 
-ROOT = Path(__file__).resolve().parent.parent
 
-
+@pytest.mark.slow
 def test_demo_command_exits_zero_and_every_check_holds() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    run = subprocess.run([sys.executable, "-m", "dtensor_rules", "demo"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)
+    run = run_python(module="dtensor_rules", args=["demo"])  # a fresh process (tests/_fresh.py)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     out = run.stdout
     for title in ("1. the MoE block", "2. op coverage", "3. sharded = single device", "4. redistribute", "5. per-op cost",

@@ -3,15 +3,14 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests._fresh import ROOT, run_python
+
+pytestmark = pytest.mark.slow  # see pyproject.toml
 
 
 def _first_python_block(path: Path) -> str:
@@ -22,10 +21,7 @@ def _first_python_block(path: Path) -> str:
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/index.md"])
 def test_quick_start_runs_without_errors_on_stderr(doc: str) -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    proc = subprocess.run(
-        [sys.executable, "-c", _first_python_block(ROOT / doc)], capture_output=True, text=True, env=env, timeout=600
-    )
+    proc = run_python(_first_python_block(ROOT / doc))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ERROR" not in proc.stderr and "Traceback" not in proc.stderr and ":E1" not in proc.stderr, proc.stderr[:3000]
 
@@ -45,8 +41,7 @@ with simulated_mesh((2,)) as mesh:
     else:
         raise SystemExit("no error")
 """
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    proc = run_python(code)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[:3000]
 

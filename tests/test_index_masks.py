@@ -116,6 +116,7 @@ def _count_cache_misses(rank: int, world: int) -> tuple[int, int]:
     return long_misses, len(calls) - long_misses
 
 
+@pytest.mark.slow
 def test_long_index_calls_stay_on_the_fast_path_on_gloo() -> None:
     """#10.5, structurally (timings on a shared machine are noise): after the first call, x[i] with
     long indices never calls back into Python propagation; each x[mask] does (by design)."""

@@ -4,14 +4,13 @@ inductor defines the op (installed if our rules are), and uninstall gives upstre
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests._fresh import run_python
+
+pytestmark = pytest.mark.slow  # see pyproject.toml
 
 CODE = textwrap.dedent(
     """
@@ -42,8 +41,7 @@ CODE = textwrap.dedent(
 
 
 def test_fma_rule_arrives_with_inductor_and_not_before() -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))  # this checkout, not an installed copy
-    proc = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=600)
+    proc = run_python(CODE)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
 
 
@@ -109,9 +107,8 @@ WRAPPED = textwrap.dedent(
 
 @pytest.mark.parametrize("kind", ["function", "object", "failing install"])
 def test_inductor_import_with_a_wrapped_propagator_never_raises(kind: str) -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env = dict(os.environ)
     env.pop("DTENSOR_RULES_NO_INSTALL", None)
-    code = f"KIND = {kind!r}\n" + WRAPPED
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    proc = run_python(f"KIND = {kind!r}\n" + WRAPPED, env=env)  # a fresh process (tests/_fresh.py)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]

@@ -4,21 +4,20 @@ DCP (``torch.distributed.checkpoint``: FSDP, elastic, sharded tensors), ``torch.
 (triton on CUDA builds), triton and our test kit (``dtensor_rules.testing``: not one module of it, the rules' sample suites included) load
 only when used; the shard-order fix of DCP and
 our flop formulas are in place as soon as the user imports those modules, and ``uninstall()`` still
-puts upstream's functions back. Each scenario runs in a fresh interpreter (``sys.modules`` is the
-oracle, not time).
+puts upstream's functions back. Each scenario runs in a fresh process that has imported only torch
+(``tests/_fresh.py``; ``sys.modules`` is the oracle, not time).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests._fresh import run_python
+
+pytestmark = pytest.mark.slow  # see pyproject.toml
 
 LAZY = ("torch.distributed.checkpoint", "torch.distributed.fsdp", "torch.utils.flop_counter", "triton",
         "dtensor_rules.testing.validator", "dtensor_rules.testing.mesh")
@@ -94,8 +93,8 @@ SCENARIOS = {
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_lazy_import_scenario(name: str) -> None:
     code = PRELUDE + "import torch\n" + textwrap.dedent(SCENARIOS[name]) + "print('OK')\n"
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))  # this checkout, not an installed copy
+    env = dict(os.environ)
     env.pop("DTENSOR_RULES_NO_INSTALL", None)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    proc = run_python(code, env=env)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "ERROR" not in proc.stderr, proc.stderr[-3000:]

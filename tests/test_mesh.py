@@ -30,15 +30,18 @@ def _die_on_rank_0(rank: int, world: int) -> int:
     return rank
 
 
+@pytest.mark.slow
 def test_run_gloo_runs_real_collectives():
     assert run_gloo(_all_reduce_rank, 3) == [3.0, 3.0, 3.0]
 
 
+@pytest.mark.slow
 def test_run_gloo_reports_the_failing_rank_with_its_traceback():
     with pytest.raises(RuntimeError, match=r"rank 1 failed:(.|\n)*ValueError: rank one refuses"):
         run_gloo(_fail_on_rank_1, 2)
 
 
+@pytest.mark.slow
 def test_run_gloo_detects_a_rank_that_died():
     with pytest.raises(RuntimeError, match=r"gloo rank\(s\) \[0\] died without a result \(exit codes \[3\]\)"):
         run_gloo(_die_on_rank_0, 2, timeout=120)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tests._moe_index_cases import Case, cases, oracle
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -50,6 +50,7 @@ def test_make_fx_symbolic_max_len_from_a_token_count() -> None:
     assert perm.shape == (52,) and offs.tolist() == [8, 16, 24, 32]
 
 
+@pytest.mark.slow
 def test_torch_compile_fullgraph() -> None:
     args = sample_args()
 
@@ -86,7 +87,6 @@ def expected_expert_rows(case: Case) -> list[int]:
     return [g % E for g, n in enumerate(case.counts) for _ in range(n)]
 
 
-@settings(max_examples=25, deadline=None)
 @given(cases(max_count=30), st.sampled_from([torch.float32, torch.bfloat16]))
 def test_offs_feed_grouped_mm(case: Case, dtype: torch.dtype) -> None:
     # CPU _grouped_mm (torch 2.13): 2-D x 3-D with int32 offs, fp32/bf16/fp16, strides multiple of 16 bytes

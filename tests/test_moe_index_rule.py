@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tests._moe_index_cases import Case, cases, oracle
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from dtensor_rules._upstream import ShardingPlaceholder
@@ -39,7 +39,6 @@ def variants(case: Case) -> list[Case]:
     return [case, tight, plus, zeros]
 
 
-@settings(max_examples=12, deadline=None)
 @given(small_case(), st.sampled_from([(2,), (3,), (2, 2)]))
 def test_rule_matches_ground_truth(case: Case, mesh_shape: tuple[int, ...]) -> None:
     missing: set[str] | None = None

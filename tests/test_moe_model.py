@@ -278,6 +278,7 @@ def _gloo_worker(rank: int, world: int, dtype_name: str) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_sharded_matches_single_device_gloo_4_ranks() -> None:
     from dtensor_rules.testing import run_gloo
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.distributed.tensor import Replicate, Shard
 
@@ -55,6 +56,7 @@ def _dcp_worker(rank, world, path):
     return True
 
 
+@pytest.mark.slow
 def test_dcp_save_ordered_load_default_order(tmp_path):
     assert run_gloo(_dcp_worker, 4, str(tmp_path / "ckpt")) == [True] * 4
 

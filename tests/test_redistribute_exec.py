@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 from dtensor_rules.redistribute import Layout, distribute_tensor, layout_of, plan, redistribute
@@ -29,7 +29,6 @@ def _run_pair(mesh_shape, shape, src, dst, seed=0):
                 torch.testing.assert_close(t, x, rtol=0, atol=0)
 
 
-@settings(max_examples=40, deadline=None)
 @given(layout_pairs())
 def test_random_pairs_exact_shards(case):
     mesh_shape, shape, src, dst = case
@@ -71,7 +70,6 @@ def test_autograd_flows_through_reverse_plan():
         check_locals(a.grad._local_tensor._local_tensors, w, layout_of(a._spec), (2, 2))
 
 
-@settings(max_examples=30, deadline=None)
 @given(layout_pairs(reduce_ops=("avg", "max", "min")))
 def test_random_pairs_exact_shards_avg_max_min(case):
     mesh_shape, shape, src, dst = case

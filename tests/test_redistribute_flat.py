@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 from dtensor_rules.redistribute import Layout, distribute_tensor, plan, redistribute
@@ -57,7 +57,6 @@ def test_flattened_step_is_one_collective_and_exact(monkeypatch, mesh_shape, sha
     assert len(calls) >= len(flat_steps)
 
 
-@settings(max_examples=25, deadline=None)
 @given(layout_pairs(mesh_shapes=((2, 2), (2, 4), (2, 2, 2)), max_tensor_ndim=2))
 def test_random_pairs_fused_execution_is_exact(case):
     mesh_shape, shape, src, dst = case
@@ -104,6 +103,7 @@ GLOO_REDUCE_OPS = [
 ] + [((2, 2), (5, 3), ((Partial(op), Shard(0)), None), ((Replicate(), Shard(1)), None), "single") for op in ("avg", "max")]
 
 
+@pytest.mark.slow
 def test_gloo_flattened_steps_exact():
     """All (2, 2) cases (gather, all_to_all, reduce_scatter, all_reduce on uneven sizes; sum/avg/max/min)
     in one gloo world of 4."""

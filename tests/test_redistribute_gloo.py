@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Partial, Shard
 
 from dtensor_rules.testing import run_gloo
+
+pytestmark = pytest.mark.slow  # see pyproject.toml
 
 
 def _worker(rank, world, mesh_shape, shape, src, dst):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Partial, Shard, distribute_tensor
@@ -45,5 +46,6 @@ def _one_shard(rank: int, world: int) -> list:
     return [t.tolist() for t in shards]
 
 
+@pytest.mark.slow
 def test_real_process_group_gives_this_ranks_one_shard():
     assert run_gloo(_one_shard, 2) == [[[0.0, 1.0, 2.0]], [[3.0, 4.0]]]

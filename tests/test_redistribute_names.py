@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import types
 
+import pytest
+
 import dtensor_rules
+from tests._fresh import run_python
 
 
 def test_package_path_is_the_package_not_the_function():
@@ -24,9 +25,10 @@ def test_top_level_functions_are_the_package_functions():
     assert dtensor_rules.plan is plan and dtensor_rules.distribute_tensor is distribute_tensor
 
 
+@pytest.mark.slow
 def test_fresh_interpreter_import_as_works():
-    """``import dtensor_rules.redistribute as rd; rd.plan`` in a clean process (what the docs title promises)."""
+    """``import dtensor_rules.redistribute as rd; rd.plan`` in a fresh process (what the docs title promises)."""
     code = "import dtensor_rules.redistribute as rd; print(rd.plan.__module__)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    out = run_python(code)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "dtensor_rules.redistribute.api"

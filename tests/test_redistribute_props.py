@@ -6,32 +6,25 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from dtensor_rules.redistribute import Layout, NoPlanError, Topology, plan
 from dtensor_rules.redistribute.planner import PlanContext, moves
 from dtensor_rules.testing.layout_strategies import layout_args, layout_pairs
 
-SETTINGS = settings(max_examples=25, deadline=None)
 TWO_TIER = {(2, 2): Topology.node_aware((2, 2), 2), (2, 4): Topology.node_aware((2, 4), 4),
             (2, 2, 2): Topology.node_aware((2, 2, 2), 4)}
 
 
 def _cost(mesh, shape, a, b, topo=None):
     return plan(mesh, shape, torch.float32, a[0], b[0], src_device_order=a[1], dst_device_order=b[1], topology=topo).cost_us
-
-
-@SETTINGS
 @given(layout_pairs(partial=False), st.data())
 def test_triangle_inequality(case, data):
     mesh, shape, a, c = case
     b = data.draw(layout_args(len(mesh), len(shape), partial=False))
     topo = TWO_TIER[mesh]
     assert _cost(mesh, shape, a, c, topo) <= _cost(mesh, shape, a, b, topo) + _cost(mesh, shape, b, c, topo) + 1e-9
-
-
-@SETTINGS
 @given(layout_pairs(), st.integers(2, 5))
 def test_cost_grows_with_tensor_size(case, factor):
     mesh, shape, a, b = case
@@ -65,7 +58,6 @@ def _brute_force(ctx: PlanContext, src, dst) -> float:
     return dist[dst]
 
 
-@settings(max_examples=12, deadline=None)
 @given(layout_pairs(mesh_shapes=((2, 2), (2, 4), (2, 2, 2)), max_tensor_ndim=2))
 def test_plan_matches_brute_force_optimum(case):
     mesh, shape, a, b = case
@@ -74,9 +66,6 @@ def test_plan_matches_brute_force_optimum(case):
     lb = Layout.from_placements(b[0], len(shape), b[1])
     ctx = PlanContext(mesh, shape, 4, topo)
     assert _cost(mesh, shape, a, b, topo) == pytest.approx(_brute_force(ctx, la.state, lb.state), rel=1e-9, abs=1e-9)
-
-
-@SETTINGS
 @given(layout_pairs(partial=False), st.floats(0.0, 1.5))
 def test_cap_is_respected_or_raises(case, frac):
     mesh, shape, a, b = case
@@ -170,7 +159,6 @@ def _even_pairs(draw):
     return mesh, shape, a, b
 
 
-@settings(max_examples=15, deadline=None)
 @given(_even_pairs(), st.sampled_from(["two_tier", "upstream_like"]))
 def test_heuristic_is_admissible_on_every_reachable_state(case, topo_name):
     """h(s) <= exact cost-to-go for every state, on even shapes where the data-volume bound applies."""
@@ -203,14 +191,12 @@ def _uneven_pairs(draw):
     return mesh, shape, draw(layout_args(len(mesh), ndim)), draw(layout_args(len(mesh), ndim))
 
 
-@settings(max_examples=20, deadline=None)
 @given(_uneven_pairs(), st.sampled_from(["two_tier", "upstream_like"]))
 def test_heuristic_is_admissible_on_uneven_shapes(case, topo_name):
     """The uneven data bound (shrunk even shape or kappa-scaled) never overestimates the cost-to-go."""
     _check_admissible(case, topo_name)
 
 
-@settings(max_examples=20, deadline=None)
 @given(_uneven_pairs())
 def test_rank_pieces_match_local_shard_offsets(case):
     """The planner's vectorised per-rank pieces are DTensor's nested-chunk shards."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -16,6 +14,7 @@ import dtensor_rules
 from dtensor_rules import registry
 from dtensor_rules._upstream import TORCH_VERSION
 from dtensor_rules.registry import RuleError
+from tests._fresh import run_python
 
 from dtensor_rules.ops.fma import fma as FMA  # noqa: E402  (defines prims.fma: inductor, imported lazily by dtensor_rules)
 SBD = torch.ops.aten._softmax_backward_data.default
@@ -215,6 +214,7 @@ def test_rules_carry_doc_module_cost_and_samples():
     assert FMA(*args, **kwargs).shape == torch.broadcast_shapes(*(t.shape for t in args))
 
 
+@pytest.mark.slow
 def test_import_without_install_and_old_torch_message():
     code = textwrap.dedent(
         """
@@ -240,7 +240,9 @@ def test_import_without_install_and_old_torch_message():
         % (REGISTRIES,)
     )
     env = {"DTENSOR_RULES_NO_INSTALL": "1", "PATH": ""}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    proc = run_python(code, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
     assert "ERR dtensor_rules needs torch >= 2.13, found 2.12.1" in out
     assert "pip install 'torch==2.13.0'" in out
 

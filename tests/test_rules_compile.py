@@ -11,9 +11,12 @@ mode marks every dim: see the report in the family's commit.)
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from dtensor_rules.testing import run_gloo
+
+pytestmark = pytest.mark.slow  # see pyproject.toml
 
 
 def _cases() -> list[tuple[str, object, list[tuple[torch.Tensor, list]]]]:

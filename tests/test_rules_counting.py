@@ -5,7 +5,7 @@ from __future__ import annotations
 import expecttest
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from dtensor_rules._upstream import DynamicOutputShapeException, ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
@@ -20,16 +20,12 @@ from dtensor_rules.testing.validator import _pstr
 
 aten = torch.ops.aten
 MESHES = [(2,), (4,), (2, 2), (2, 4), (2, 2, 2)]
-PROFILE = settings(max_examples=40, deadline=None)
 
 
 def assert_ours_correct(op, args, kwargs, mesh) -> None:
     report = check_rule(op, args, kwargs, mesh)
     assert report.ours.error is None, report.summary()
     assert report.ours.incorrect == 0, report.summary()
-
-
-@PROFILE
 @given(
     st.sampled_from(MESHES),
     st.lists(st.integers(0, 6), min_size=0, max_size=3),
@@ -47,9 +43,6 @@ def test_histc_every_strategy_correct(mesh, shape, dtype, bins, seed, data) -> N
     else:
         args, kwargs = (x,), {"bins": bins, "min": lo, "max": hi}
     assert_ours_correct(aten.histc.default, args, kwargs, mesh)
-
-
-@PROFILE
 @given(
     st.sampled_from(MESHES),
     st.integers(0, 9),

@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
@@ -157,7 +157,6 @@ def masked_calls(draw):  # noqa: ANN001, ANN201
 
 
 @given(masked_calls())
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 def test_any_dtype_and_size_matches_torch(call) -> None:  # noqa: ANN001
     mesh_shape, placements, x, dim, index = call
     with simulated_mesh(mesh_shape) as mesh:
@@ -192,6 +191,7 @@ def fake_mesh():  # noqa: ANN201
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", [None, "unbacked"], ids=["backed", "unbacked"])
 def test_compiled_with_dynamic_sizes(fake_mesh, kind) -> None:  # noqa: ANN001
     """``torch.compile(aot_eager, dynamic=True)``: the masked strategy traces (a fake group: rank 0's

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from expecttest import TestCase
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
@@ -18,7 +18,6 @@ from dtensor_rules.testing.tables import strategy_table
 
 aten = torch.ops.aten
 MESHES = [(2,), (4,), (2, 2), (2, 4), (2, 2, 2)]
-PROPERTY = settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 def assert_no_incorrect(op, args, kwargs, mesh):  # noqa: ANN001, ANN201
@@ -53,21 +52,18 @@ def indexed_call(draw, with_src: bool):  # noqa: ANN001, ANN201
 
 
 @given(indexed_call(with_src=False))
-@PROPERTY
 def test_gather_every_emitted_strategy_is_correct(call) -> None:  # noqa: ANN001
     mesh, self_t, dim, index, _ = call
     assert_no_incorrect(aten.gather.default, (self_t, dim, index), {}, mesh)
 
 
 @given(indexed_call(with_src=True))
-@PROPERTY
 def test_scatter_add_every_emitted_strategy_is_correct(call) -> None:  # noqa: ANN001
     mesh, self_t, dim, index, src = call
     assert_no_incorrect(aten.scatter_add.default, (self_t, dim, index, src), {}, mesh)
 
 
 @given(indexed_call(with_src=True), st.sampled_from(["sum", "mean", "amax", "amin", "prod"]), st.booleans())
-@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 def test_scatter_reduce_every_emitted_strategy_is_correct(call, reduce, include_self) -> None:  # noqa: ANN001
     mesh, self_t, dim, index, src = call
     args = (self_t, dim, index, src, reduce)
@@ -75,7 +71,6 @@ def test_scatter_reduce_every_emitted_strategy_is_correct(call, reduce, include_
 
 
 @given(indexed_call(with_src=False), st.sampled_from([0, 0.0, 1.5, -2]))
-@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 def test_scatter_value_every_emitted_strategy_is_correct(call, value) -> None:  # noqa: ANN001
     mesh, self_t, dim, index, _ = call
     if not self_t.is_floating_point():

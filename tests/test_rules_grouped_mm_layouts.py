@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
@@ -111,7 +111,6 @@ def test_any_input_layout_matches_single_device(mesh_shape: tuple[int, ...]) -> 
     """Hypothesis over layouts and placements, plus a redistribution before the call: DTensor
     always gives single-device torch's answer (or, never here, torch's error)."""
 
-    @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
     @given(args=calls(), data=st.data())
     def case(args: tuple, data: st.DataObject) -> None:
         assume(_runs(args))

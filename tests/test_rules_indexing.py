@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 from expecttest import assert_expected_inline
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.experimental import implicit_replication
@@ -17,13 +17,14 @@ import dtensor_rules  # noqa: F401  (installs our rules)
 from dtensor_rules.testing import check_rule, check_samples, simulated_mesh
 from dtensor_rules.testing.suites import samples_for
 from dtensor_rules.testing.tables import strategy_table
+from tests._examples import scaled
 from tests._index_helpers import idx
 
 aten = torch.ops.aten
-# small meshes get more examples; (2, 4) and the 3-D mesh are costly to validate, so fewer
 MESHES = [(2,), (4,), (2, 2), (2, 4), (2, 2, 2)]
-EXAMPLES = {(2,): 10, (4,): 8, (2, 2): 5, (2, 4): 2, (2, 2, 2): 2}
-SETTINGS = settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+# share of the profile's examples per mesh: validating every combo of (2, 4) and the 3-D mesh (8 ranks)
+# costs ~10x the 2-rank mesh, so they get a fifth of the examples
+EXAMPLES = {(2,): 1.0, (4,): 0.8, (2, 2): 0.5, (2, 4): 0.2, (2, 2, 2): 0.2}
 
 
 @st.composite
@@ -78,7 +79,7 @@ def _assert_correct(report) -> None:  # noqa: ANN001
 
 @pytest.mark.parametrize("mesh", MESHES, ids=str)
 def test_index_every_strategy_correct(mesh) -> None:  # noqa: ANN001
-    settings(SETTINGS, max_examples=EXAMPLES[mesh])(given(call=index_calls(masks=False))(_index_case))(mesh)
+    scaled(EXAMPLES[mesh])(given(call=index_calls(masks=False))(_index_case))(mesh)
 
 
 def _index_case(mesh, call) -> None:  # noqa: ANN001
@@ -93,7 +94,7 @@ def _index_case(mesh, call) -> None:  # noqa: ANN001
 @pytest.mark.parametrize("mesh", MESHES, ids=str)
 def test_index_put_every_strategy_correct(mesh) -> None:  # noqa: ANN001
     strategy = given(call=index_calls(masks=True), accumulate=st.booleans(), data=st.data())(_index_put_case)
-    settings(SETTINGS, max_examples=EXAMPLES[mesh])(strategy)(mesh)
+    scaled(EXAMPLES[mesh])(strategy)(mesh)
 
 
 def _index_put_case(mesh, call, accumulate, data) -> None:  # noqa: ANN001
@@ -263,7 +264,6 @@ def test_dtensor_index_with_bool_masks_forward_and_backward(mesh) -> None:  # no
 
     ran = []
 
-    @settings(SETTINGS, max_examples=15)
     @given(call=index_calls(masks=True), data=st.data())
     def case(call, data) -> None:  # noqa: ANN001
         x, indices = call

@@ -121,6 +121,7 @@ def _gloo_token_count(rank: int, world: int) -> list[int]:
     return out.full_tensor().tolist()
 
 
+@pytest.mark.slow
 def test_moe_token_count_on_real_gloo_ranks() -> None:
     from dtensor_rules.testing import run_gloo
 

@@ -14,7 +14,7 @@ import itertools
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch.distributed.tensor import Partial
 
@@ -25,9 +25,9 @@ from dtensor_rules.ops.fma import fma, fma_rows
 from dtensor_rules.ops.grouped_mm import GROUPED_MM
 from dtensor_rules.ops.softmax import SOFTMAX_BACKWARD, softmax_backward_strategy
 from dtensor_rules.testing.tables import strategy_table
+from tests._examples import scaled
 
 DTYPES = [torch.bool, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32]
-SETTINGS = settings(max_examples=60, deadline=None)
 
 
 def _reduce(parts: list[torch.Tensor], op: str) -> torch.Tensor:
@@ -66,7 +66,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor, parts_may
 
 
 # ---------------------------------------------------------------------------------- the predicate itself
-@SETTINGS
+@scaled(5)  # plain-tensor arithmetic over a dtype product, ~ms an example: five times the profile's count
 @given(op=st.sampled_from(["sum", "avg", "max", "min"]), src=st.sampled_from(DTYPES), dst=st.sampled_from(DTYPES),
        data=st.data())
 def test_predicate_true_means_the_cast_commutes_with_the_reduction(op: str, src, dst, data) -> None:  # noqa: ANN001
@@ -109,9 +109,7 @@ def _rand(dtype: torch.dtype, shape: tuple[int, ...], g: torch.Generator) -> tor
     if not dtype.is_floating_point:
         return torch.randint(-50, 50, shape, generator=g).to(dtype)
     return torch.randn(shape, generator=g).to(dtype)
-
-
-@SETTINGS
+@scaled(5)  # plain-tensor arithmetic over a dtype product, ~ms an example: five times the profile's count
 @given(da=st.sampled_from(DTYPES), db=st.sampled_from(DTYPES), dc=st.sampled_from(DTYPES), data=st.data())
 def test_every_fma_partial_row_is_valid_for_its_dtypes(da, db, dc, data) -> None:  # noqa: ANN001
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
@@ -157,9 +155,6 @@ def test_softmax_backward_partial_rows_only_without_a_cast(g_dtype, input_dtype)
     rows = softmax_backward_strategy(SOFTMAX_BACKWARD[0], (_meta(g), _meta(g), 1, input_dtype), {})
     has_partial = any(isinstance(r[1], Partial) for r in rows)
     assert has_partial == (g_dtype == input_dtype)
-
-
-@SETTINGS
 @given(dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), op=st.sampled_from(["sum", "avg"]),
        data=st.data())
 def test_softmax_backward_partial_grad_with_cancelling_parts(dtype, op, data) -> None:  # noqa: ANN001
@@ -181,9 +176,6 @@ def test_grouped_mm_partial_rows_need_the_operand_dtype() -> None:
     assert "P(sum)" in strategy_table(GROUPED_MM, (a, b))
     with pytest.raises(RuntimeError):  # the CPU kernel: out_dtype must match; no Partial row is offered either
         GROUPED_MM(a, b, out_dtype=torch.float32)
-
-
-@SETTINGS
 @given(dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), op=st.sampled_from(["sum", "avg"]),
        data=st.data())
 def test_grouped_mm_partial_a_with_cancelling_parts(dtype, op, data) -> None:  # noqa: ANN001

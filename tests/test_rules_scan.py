@@ -5,7 +5,7 @@ from __future__ import annotations
 import expecttest
 import pytest
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from dtensor_rules._upstream import ShardingPlaceholder, TORCH_VERSION
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
@@ -36,7 +36,6 @@ def tensors(draw: st.DrawFn) -> torch.Tensor:
     return torch.randint(-9, 10, shape, generator=g, dtype=dtype)
 
 
-@settings(max_examples=25, deadline=None)
 @given(st.sampled_from(MESHES), tensors(), st.data())
 def test_cumsum_every_strategy_correct(mesh, x, data) -> None:
     nd = max(x.ndim, 1)
@@ -204,7 +203,6 @@ CAST_SRC = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.i
 CAST_DST = [None, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64]
 
 
-@settings(max_examples=60, deadline=None)
 @given(
     st.sampled_from([(2,), (4,), (2, 2), (2, 2, 2)]),
     st.sampled_from(CAST_SRC),
@@ -237,17 +235,24 @@ CAST_CASES = [(src, dst, op) for src in CAST_SRC for dst in CAST_DST for op in (
               if op != "avg" or src.is_floating_point]
 
 
-@pytest.mark.parametrize("src, dst, reduce_op", CAST_CASES, ids=str)
-def test_dtensor_cumsum_every_cast_pair(src, dst, reduce_op) -> None:
-    """Every (src, dtype=) pair on rows each repeating one adversarial pair (scanned along the row)."""
+def test_dtensor_cumsum_every_cast_pair() -> None:
+    """Every (src, dtype=, Partial op) case on rows each repeating one adversarial pair (scanned along
+    the row), on one simulated mesh; the failure lists every case that differs from plain torch."""
     from tests._partial_parts import assert_matches, pair_rows, partial_dtensor, reduce_parts
 
-    parts = pair_rows(src, 3)
-    kwargs = {} if dst is None else {"dtype": dst}
+    failures = []
     with simulated_mesh((2,)) as mesh:
-        expected = torch.cumsum(reduce_parts(parts, reduce_op, 2), 1, **kwargs)
-        got = full_value(torch.cumsum(partial_dtensor(parts, mesh, 0, reduce_op), 1, **kwargs))
-    assert_matches(got, expected, torch.cumsum(sum(p.double().abs() for p in parts), 1), src)
+        for src, dst, reduce_op in CAST_CASES:
+            parts = pair_rows(src, 3)
+            kwargs = {} if dst is None else {"dtype": dst}
+            expected = torch.cumsum(reduce_parts(parts, reduce_op, 2), 1, **kwargs)
+            try:
+                got = full_value(torch.cumsum(partial_dtensor(parts, mesh, 0, reduce_op), 1, **kwargs))
+                assert_matches(got, expected, torch.cumsum(sum(p.double().abs() for p in parts), 1), src)
+            except Exception as e:  # noqa: BLE001  (reported per case)
+                failures.append(f"{src} -> dtype={dst}, Partial({reduce_op}): {type(e).__name__}: {str(e)[:400]}")
+    assert len(CAST_CASES) > 150
+    assert not failures, f"{len(failures)} of {len(CAST_CASES)} cases wrong:\n" + "\n".join(failures)
 
 
 def test_issue_13_1_fp16_cumsum_of_cancelling_partial() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from expecttest import TestCase
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
@@ -18,7 +18,6 @@ from dtensor_rules.testing.tables import strategy_table
 
 aten = torch.ops.aten
 MESHES = [(2,), (4,), (2, 2), (2, 4), (2, 2, 2)]
-PROPERTY = settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
 DTYPES = (torch.float32, torch.bfloat16, torch.int64)
 
 
@@ -54,7 +53,6 @@ def cat_calls(draw):  # noqa: ANN001, ANN201
 
 
 @given(cat_calls())
-@PROPERTY
 def test_cat_every_emitted_strategy_is_correct(call) -> None:  # noqa: ANN001
     mesh, args = call
     assert_no_incorrect(aten.cat.default, args, mesh)
@@ -78,7 +76,6 @@ def slice_scatter_calls(draw):  # noqa: ANN001, ANN201
 
 
 @given(slice_scatter_calls())
-@PROPERTY
 def test_slice_scatter_every_emitted_strategy_is_correct(call) -> None:  # noqa: ANN001
     mesh, args = call
     assert_no_incorrect(aten.slice_scatter.default, args, mesh)

@@ -7,7 +7,7 @@ get the full enumeration; whatever dispatch picks must reproduce plain torch.
 from __future__ import annotations
 
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Partial, Replicate, Shard
@@ -101,7 +101,6 @@ def layouts(draw, ndim: int, n: int):  # noqa: ANN001, ANN201
 
 
 @given(st.data())
-@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
 def test_cat_dispatch_matches_torch_from_any_layout(data) -> None:  # noqa: ANN001
     """Whatever the inputs' current layouts (uneven, empty, Partial of every op), dispatch's pick is exact."""
     mesh_shape = data.draw(st.sampled_from(MESHES))
@@ -124,7 +123,6 @@ def test_cat_dispatch_matches_torch_from_any_layout(data) -> None:  # noqa: ANN0
 
 
 @given(st.data())
-@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
 def test_slice_scatter_dispatch_matches_torch_from_any_layout(data) -> None:  # noqa: ANN001
     mesh_shape = data.draw(st.sampled_from(MESHES))
     size = data.draw(st.integers(1, 6))

@@ -10,7 +10,7 @@ part), fp16 parts whose fp16 sum overflows.
 from __future__ import annotations
 
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
@@ -22,7 +22,6 @@ from dtensor_rules.testing.dispatch import full_value, to_dtensor
 from dtensor_rules.testing.tables import emitted
 
 aten = torch.ops.aten
-PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int32, torch.int64,
           torch.uint8, torch.bool)
 POOL = (70000.0, -70000.0, 60000.0, 1.0, -1.0, 0.0, 2**31 - 1, -(2**31), 16777217, 2**62, 0.5, 3.0e38)
@@ -96,7 +95,6 @@ def _same(got: torch.Tensor, want: torch.Tensor, avg: bool) -> None:
 
 
 @given(st.data())
-@PROPERTY
 def test_slice_scatter_partial_src_of_another_dtype(data) -> None:  # noqa: ANN001
     self_dtype, src_dtype = data.draw(st.sampled_from(DTYPES)), data.draw(st.sampled_from(DTYPES))
     full = data.draw(st.booleans())  # full slice: out == cast(src), the src-passing rows apply
@@ -113,7 +111,6 @@ def test_slice_scatter_partial_src_of_another_dtype(data) -> None:  # noqa: ANN0
 
 
 @given(st.data())
-@PROPERTY
 def test_cat_partial_inputs_of_mixed_dtypes(data) -> None:  # noqa: ANN001
     dtypes = [data.draw(st.sampled_from(DTYPES)) for _ in range(data.draw(st.integers(2, 3)))]
     ops = [_layout(data.draw, d) for d in dtypes]
@@ -163,7 +160,6 @@ def test_no_partial_sum_row_through_a_cast() -> None:
 
 
 @given(st.data())
-@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 def test_validator_mixed_dtypes(data) -> None:  # noqa: ANN001
     """Every emitted strategy of a mixed-dtype call reproduces torch on 1-D and 2-D meshes."""
     a_dtype, b_dtype = (data.draw(st.sampled_from((torch.float32, torch.float16, torch.int32, torch.int64, torch.bool)))

@@ -17,6 +17,8 @@ import dtensor_rules  # noqa: F401  (installs the rules)
 from dtensor_rules.ops.slicing import slice_facts
 from dtensor_rules.testing import fake_world
 
+pytestmark = pytest.mark.slow  # see pyproject.toml
+
 aten = torch.ops.aten
 
 

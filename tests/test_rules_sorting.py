@@ -12,7 +12,7 @@ import math
 import expecttest
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch.distributed.tensor.placement_types import Replicate, Shard
 
@@ -29,7 +29,6 @@ from dtensor_rules.testing.validator import _pstr, format_combo
 aten = torch.ops.aten
 MESHES = [(2,), (4,), (2, 2), (2, 4), (2, 2, 2)]
 DTYPES = [torch.float32, torch.bfloat16, torch.int64]
-PROFILE = settings(max_examples=20, deadline=None)
 
 
 @st.composite
@@ -54,36 +53,21 @@ def assert_ours_correct(op, args, kwargs, mesh) -> None:
     report = check_rule(op, args, kwargs, mesh)
     assert report.ours.error is None, report.summary()
     assert report.ours.incorrect == 0, report.summary()
-
-
-@PROFILE
 @given(st.sampled_from(MESHES), inputs(ties=False), st.data())
 def test_sort_default_every_strategy_correct(mesh, x, data) -> None:
     args = (x, data.draw(dims(x)), data.draw(st.booleans()))
     assert_ours_correct(aten.sort.default, args, {}, mesh)
-
-
-@PROFILE
 @given(st.sampled_from(MESHES), inputs(ties=True), st.data())
 def test_sort_stable_with_ties_every_strategy_correct(mesh, x, data) -> None:
     kwargs = {"stable": True, "dim": data.draw(dims(x)), "descending": data.draw(st.booleans())}
     assert_ours_correct(aten.sort.stable, (x,), kwargs, mesh)
-
-
-@PROFILE
 @given(st.sampled_from(MESHES), inputs(ties=True), st.data())
 def test_argsort_stable_with_ties_every_strategy_correct(mesh, x, data) -> None:
     kwargs = {"stable": True, "dim": data.draw(dims(x)), "descending": data.draw(st.booleans())}
     assert_ours_correct(aten.argsort.stable, (x,), kwargs, mesh)
-
-
-@PROFILE
 @given(st.sampled_from(MESHES), inputs(ties=False), st.data())
 def test_argsort_default_every_strategy_correct(mesh, x, data) -> None:
     assert_ours_correct(aten.argsort.default, (x, data.draw(dims(x)), data.draw(st.booleans())), {}, mesh)
-
-
-@PROFILE
 @given(st.sampled_from(MESHES), inputs(ties=False), st.data())
 def test_topk_every_strategy_correct(mesh, x, data) -> None:
     dim = data.draw(dims(x))

@@ -23,6 +23,8 @@ from dtensor_rules.ops.grouped_mm import GROUPED_MM
 from dtensor_rules.ops.softmax import SOFTMAX_BACKWARD
 from dtensor_rules.testing import fake_world
 
+pytestmark = pytest.mark.slow  # see pyproject.toml
+
 SBD = SOFTMAX_BACKWARD[0]
 
 

@@ -1,7 +1,7 @@
-"""The upstream contract: every private torch symbol the adapter relies on, one test each.
+"""The upstream contract: every private torch symbol the adapter relies on, checked in one test.
 
-When a torch release renames or removes one, exactly the entries that changed fail, each
-naming the symbol and what is missing; the fix is a shim in ``src/dtensor_rules/_upstream/``.
+When a torch release renames or removes some, the failure lists exactly the entries that changed,
+each naming the symbol and what is missing; the fix is a shim in ``src/dtensor_rules/_upstream/``.
 """
 
 from __future__ import annotations
@@ -9,8 +9,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
-
-import pytest
 
 from dtensor_rules._upstream import TESTED_TORCH, TORCH_VERSION
 from dtensor_rules._upstream.contract import REQUIREMENTS, Requirement
@@ -23,22 +21,46 @@ def _params(obj: object) -> set[str]:
         return set()
 
 
-@pytest.mark.parametrize("req", REQUIREMENTS, ids=lambda r: f"{r.module}.{r.name}")
-def test_upstream_symbol(req: Requirement) -> None:
-    module = importlib.import_module(req.module)
-    assert hasattr(module, req.name), f"torch {TORCH_VERSION}: {req.module} has no {req.name} ({req.why or 'used by the adapter'})"
+def broken(req: Requirement) -> list[str]:
+    """What this torch lacks of one requirement (empty: it holds)."""
+    try:
+        module = importlib.import_module(req.module)
+    except ImportError as e:
+        return [f"{req.module} does not import ({e})"]
+    if not hasattr(module, req.name):
+        return [f"{req.module} has no {req.name} ({req.why or 'used by the adapter'})"]
     obj = getattr(module, req.name)
+    problems = []
     if req.params or req.any_of:
         params = _params(obj)
         missing = [p for p in req.params if p not in params]
-        assert not missing, f"{req.module}.{req.name} lost parameter(s) {missing}; it takes {sorted(params)}"
-        if req.any_of:
-            assert any(p in params for p in req.any_of), (
-                f"{req.module}.{req.name} takes none of {req.any_of} (a renamed keyword?); it takes {sorted(params)}"
-            )
+        if missing:
+            problems.append(f"{req.module}.{req.name} lost parameter(s) {missing}; it takes {sorted(params)}")
+        if req.any_of and not any(p in params for p in req.any_of):
+            problems.append(f"{req.module}.{req.name} takes none of {req.any_of} (a renamed keyword?); it takes {sorted(params)}")
     for attr in req.attrs:
         has = hasattr(obj, attr) or attr in getattr(obj, "__annotations__", {}) or attr in _slots_or_fields(obj)
-        assert has, f"{req.module}.{req.name} has no attribute {attr!r} ({req.why or 'used by the adapter'})"
+        if not has:
+            problems.append(f"{req.module}.{req.name} has no attribute {attr!r} ({req.why or 'used by the adapter'})")
+    return problems
+
+
+def test_every_upstream_symbol_the_adapter_needs() -> None:
+    assert len(REQUIREMENTS) > 30
+    problems = [p for req in REQUIREMENTS for p in broken(req)]
+    assert not problems, f"torch {TORCH_VERSION} breaks the upstream contract:\n  " + "\n  ".join(problems)
+
+
+def test_the_contract_check_names_what_is_missing() -> None:
+    """Negative control: a missing symbol, a lost parameter, a renamed keyword and a lost attribute."""
+    assert broken(Requirement("torch.distributed.tensor", "no_such_symbol")) == [
+        "torch.distributed.tensor has no no_such_symbol (used by the adapter)"]
+    [lost] = broken(Requirement("torch.distributed.tensor", "distribute_tensor", params=("no_such_param",)))
+    assert "distribute_tensor lost parameter(s) ['no_such_param']" in lost
+    [renamed] = broken(Requirement("torch.distributed.tensor", "distribute_tensor", any_of=("a", "b")))
+    assert "takes none of ('a', 'b')" in renamed
+    [attr] = broken(Requirement("torch.distributed.tensor", "DTensor", attrs=("no_such_attr",)))
+    assert "DTensor has no attribute 'no_such_attr'" in attr
 
 
 def _slots_or_fields(obj: object) -> set[str]:

@@ -3,6 +3,10 @@
 ``simulated_mesh`` gives a real :class:`DeviceMesh` over a fake process group inside
 ``LocalTensorMode``: DTensor ops run for all ranks in this process with real data,
 uneven shards included. ``run_gloo`` runs a function on a real multi-process gloo group.
+
+Rank processes are forked from a fork server that has imported torch once
+(:func:`process_context`), so a gloo run does not pay ``import torch`` per rank; each rank
+still starts from that clean state (no module of this package, the caller's environment).
 """
 
 from __future__ import annotations
@@ -23,8 +27,11 @@ from dtensor_rules._upstream import LocalTensorMode
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 MAX_WORLD = 8
+# what the fork server imports once, before it forks rank processes: torch, not this package
+# (a rank imports dtensor_rules itself, under the environment the caller had at run_gloo)
+FORKSERVER_PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor")
 
-__all__ = ["simulated_mesh", "fake_world", "run_gloo", "MAX_WORLD"]
+__all__ = ["simulated_mesh", "fake_world", "run_gloo", "MAX_WORLD", "process_context"]
 
 
 def _check_shape(shape: Sequence[int] | int) -> tuple[int, ...]:
@@ -86,7 +93,22 @@ def simulated_mesh(shape: Sequence[int] | int, names: Sequence[str] | None = Non
         yield init_device_mesh("cpu", shape, mesh_dim_names=tuple(names) if names else None)
 
 
-def _gloo_worker(rank: int, world: int, init_file: str, fn: Callable[..., Any], args: tuple, queue: Any) -> None:
+def process_context() -> Any:
+    """The multiprocessing context for rank processes: a fork server preloading torch where the
+    platform has one (Linux, macOS), else spawn (each process then imports torch itself)."""
+    import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return torch.multiprocessing.get_context("spawn")
+    ctx = torch.multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))  # takes effect when the server first starts
+    return ctx
+
+
+def _gloo_worker(rank: int, world: int, init_file: str, fn: Callable[..., Any], args: tuple, queue: Any,
+                 environ: dict[str, str]) -> None:
+    os.environ.clear()  # the caller's environment now, not the fork server's from its start
+    os.environ.update(environ)
     try:
         # a file rendezvous unique to this run: no TCP port that a concurrent run could also pick
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -104,12 +126,16 @@ def run_gloo(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` (1 to 8) real gloo processes on this machine.
 
     For what the simulated mesh cannot do: ``torch.compile``, real collectives, FSDP, DCP.
-    Each rank is a fresh ``spawn`` process with the default process group initialized (gloo,
-    file rendezvous in a private temporary folder, so concurrent runs never collide) and
-    ``torch.manual_seed(0)``; build the ``DeviceMesh`` inside ``fn``. ``fn`` and ``args`` are
-    pickled: ``fn`` must be a module-level function of an importable module, or of a script
-    run as ``python script.py`` with the launch under ``if __name__ == "__main__":``. Return
-    plain Python values (``tensor.tolist()``, floats), not tensors.
+    Each rank is a fresh process with the default process group initialized (gloo, file
+    rendezvous in a private temporary folder, so concurrent runs never collide) and
+    ``torch.manual_seed(0)``; build the ``DeviceMesh`` inside ``fn``. Ranks are forked from a
+    server that imported only torch (:func:`process_context`; spawn where the platform has no
+    fork server) and run ``fn`` under the caller's current environment; modules imported to
+    unpickle ``fn`` (this package among them) see the environment the server started with.
+    ``fn`` and ``args`` are pickled: ``fn`` must be a module-level function of an importable
+    module, or of a script run as ``python script.py`` with the launch under
+    ``if __name__ == "__main__":``. Return plain Python values (``tensor.tolist()``, floats),
+    not tensors.
 
     Returns the results in rank order. Raises ``RuntimeError`` with the failing rank's
     traceback if a rank raises, or naming the ranks that died without a result, and
@@ -117,12 +143,14 @@ def run_gloo(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float
     """
     if not 1 <= world_size <= MAX_WORLD:
         raise ValueError(f"world_size must be in 1..{MAX_WORLD}, got {world_size}")
-    ctx = torch.multiprocessing.get_context("spawn")
+    ctx = process_context()
     queue = ctx.Queue()
+    environ = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="dtensor_rules_gloo_") as tmp:
         init_file = os.path.join(tmp, "rendezvous")
         procs = [
-            ctx.Process(target=_gloo_worker, args=(r, world_size, init_file, fn, args, queue)) for r in range(world_size)
+            ctx.Process(target=_gloo_worker, args=(r, world_size, init_file, fn, args, queue, environ))
+            for r in range(world_size)
         ]
         for p in procs:
             p.start()
