@@ -3,10 +3,14 @@ progress on stderr (#18.11: it ran > 5 min and printed raw dicts on stderr). No 
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+pytestmark = pytest.mark.slow  # starts processes (see pyproject.toml)
 
 ROOT = Path(__file__).resolve().parent.parent
 

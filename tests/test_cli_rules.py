@@ -32,6 +32,7 @@ def shipped() -> list[str]:
     return sorted(names | set(registry.deferred()) | {FMA})
 
 
+@pytest.mark.slow
 def test_status_lists_every_shipped_rule_and_patch_before_inductor_is_imported() -> None:
     run = cli("status")
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
@@ -58,6 +59,7 @@ def test_fma_spellings_resolve(spelling: str) -> None:
     assert str(resolve(spelling).op) == FMA
 
 
+@pytest.mark.slow
 def test_validate_fma_from_a_fresh_process() -> None:
     run = cli("validate", "--op", "fma", "--json")  # the example in `validate --help`
     assert run.returncode == 0, run.stderr[-3000:]

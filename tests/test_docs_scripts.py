@@ -19,6 +19,8 @@ import pytest
 
 from tests.test_docs import BLOCK, DOCS, ROOT
 
+pytestmark = pytest.mark.slow  # starts processes (see pyproject.toml)
+
 SCRIPT = re.compile(r"# script: (\w+\.py)\n")
 
 

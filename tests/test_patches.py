@@ -125,6 +125,7 @@ def same(a, b):
 """
 
 
+@pytest.mark.slow
 def test_uninstall_gives_back_torchs_own_objects_and_later_imports_stay_pristine() -> None:
     run_fresh(SNAPSHOT + textwrap.dedent("""
         pristine = snapshot()
@@ -150,6 +151,7 @@ def test_uninstall_gives_back_torchs_own_objects_and_later_imports_stay_pristine
     """))
 
 
+@pytest.mark.slow
 def test_no_install_changes_nothing_in_torch() -> None:
     run_fresh(SNAPSHOT + textwrap.dedent("""
         pristine = snapshot()
