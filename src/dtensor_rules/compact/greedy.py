@@ -310,6 +310,7 @@ def priced_strategy(
     """
     memo = {} if memo is None else memo
     width = n_out + len(inputs)
+    layouts = {tuple(map(key, i.current.placements)) for i in inputs}
     cols = [tuple(fill(r[j]) for r in per_dim) for j in range(width)]
     if any(mixes_partials([key(p) for p in c]) for c in cols):
         return None
@@ -326,8 +327,8 @@ def priced_strategy(
             ok = allow_uneven_sharding or is_tensor_shardable(i.current.tensor_meta.shape, spec, allow_unbacked_sharding=False)
             cost = 0.0
         else:
-            fits = None if not allow_uneven_sharding or i.shape is None else collective_shards_fit(
-                i.shape, current_keys, target_keys, mesh.shape
+            fits = None if not allow_uneven_sharding or i.shape is None else (
+                target_keys in layouts and collective_shards_fit(i.shape, current_keys, target_keys, mesh.shape)
             )
             spec, ok, cost = _memo_move(memo, mesh, i.current, current_keys, pl, target_keys, fits)
         if not ok:
@@ -349,8 +350,12 @@ def _memo_move(
     alike shards builds one target spec and plans one redistribution. A symbolic (unhashable)
     shape is worked out each time.
 
-    ``fits``: :func:`collective_shards_fit` for a static shape under a rule that allows uneven
-    shards; None: upstream's ``is_tensor_shardable`` decides (never guarding on a symbolic size)."""
+    Usable: upstream's ``is_tensor_shardable`` (never guarding on a symbolic size), or ``fits``:
+    for a static shape under a rule that allows uneven shards, the target is the layout another
+    input already has and :func:`collective_shards_fit` — a dim smaller than its shard count is
+    followed as upstream 2.13's own ``cat``/``scatter`` strategies follow an input's layout,
+    never made anew (a size-1 dim sharded over 8 ranks would only look cheaper to the cost
+    model, and a later view of that dim fails)."""
     meta = src.tensor_meta
     try:
         memo_key = (src_keys, meta, dst_keys)
@@ -360,10 +365,9 @@ def _memo_move(
     if memo_key is not None and memo_key in memo:
         return memo[memo_key]
     spec = DTensorSpec(mesh, pl, tensor_meta=meta)
-    if fits is not None:
-        ok = fits
-    else:
-        ok = all(type(p) is not Shard for p in pl) or is_tensor_shardable(meta.shape, spec, allow_unbacked_sharding=False)
+    ok = bool(fits) or all(type(p) is not Shard for p in pl) or is_tensor_shardable(
+        meta.shape, spec, allow_unbacked_sharding=False
+    )
     move = (spec, ok, redistribute_cost(src, spec) if ok else INF)
     if memo_key is not None:
         memo[memo_key] = move
@@ -423,12 +427,12 @@ def _search(
     inputs: Sequence[Input],
     dispatch_rows: Callable[[Sequence[Key]], Sequence[Row]],
     chosen: list[Row],
-    spec: OpSpec,
+    spec: OpSpec | None,
     n_out: int,
     fixed: Mapping[int, int],
     allow_uneven_sharding: bool,
     memo: dict[Any, Any],
-) -> tuple[list[Row], OpSpec]:
+) -> tuple[list[Row], OpSpec] | None:
     """The greedy's choice moves something: search further, by DTensor's real cost.
 
     Where the usable rows give at most :data:`EXHAUSTIVE_PRODUCTS` products over the mesh dims,
@@ -439,14 +443,14 @@ def _search(
     improved by :func:`descend`."""
     per_dim = _usable_rows(mesh, inputs, dispatch_rows, n_out, fixed)
     if math.prod(len(r) for r in per_dim) <= EXHAUSTIVE_PRODUCTS:
-        best_rows, best, best_cost = chosen, spec, _total(spec)
+        best_rows, best, best_cost = chosen, spec, INF if spec is None else _total(spec)
         for combo in itertools.product(*per_dim):
             priced = priced_strategy(mesh, inputs, list(combo), n_out, fixed, allow_uneven_sharding, memo)
             if priced is not None and _total(priced) < best_cost:
                 best_rows, best, best_cost = list(combo), priced, _total(priced)
-        return best_rows, best
+        return None if best is None else (best_rows, best)
     sizes = tuple(mesh.shape) if allow_uneven_sharding else None
-    best_rows, best, best_cost = chosen, spec, _total(spec)
+    best_rows, best, best_cost = chosen, spec, INF if spec is None else _total(spec)
     for order in _orders(mesh.ndim):
         rows = greedy_rows(inputs, mesh.ndim, dispatch_rows, n_out, fixed, sizes, order)
         if rows is None or all(a is b for a, b in zip(rows, best_rows)):
@@ -454,6 +458,8 @@ def _search(
         priced = priced_strategy(mesh, inputs, rows, n_out, fixed, allow_uneven_sharding, memo)
         if priced is not None and _total(priced) < best_cost:
             best_rows, best, best_cost = rows, priced, _total(priced)
+    if best is None:
+        return None
     return descend(mesh, inputs, dispatch_rows, best_rows, best, n_out, fixed, allow_uneven_sharding, memo)
 
 
@@ -515,8 +521,10 @@ def compact_strategy(
         if sig in seen:
             continue
         spec = priced_strategy(mesh, inputs, per_dim, n_out, fixed, allow_uneven_sharding, memo)
-        if spec is not None and per_dim is chosen and static and _total(spec) > 0:
-            per_dim, spec = _search(mesh, inputs, dispatch_rows, per_dim, spec, n_out, fixed, allow_uneven_sharding, memo)
+        if per_dim is chosen and static and (spec is None or _total(spec) > 0):
+            found = _search(mesh, inputs, dispatch_rows, per_dim, spec, n_out, fixed, allow_uneven_sharding, memo)
+            if found is not None:
+                per_dim, spec = found
             sig = tuple(tuple(key(r[j]) for r in per_dim) for j in range(n_out + len(inputs)))
         if spec is not None:
             seen.add(sig)
