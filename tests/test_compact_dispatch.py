@@ -216,8 +216,8 @@ def test_softmax_backward_dispatch(pg, py) -> None:  # noqa: ANN001
 
 
 def _reference_greedy(inputs, ndim, rows, n_out, fixed):  # noqa: ANN001, ANN202
-    """The documented choice, scored in full: per mesh dim the first row of least total transition
-    weight x bytes (all-Replicate first), skipping rows that break an aliased input or would make
+    """The documented choice, scored in full: per mesh dim the first row of least finite total
+    transition weight x bytes (all-Replicate first), skipping rows that break an aliased input or would make
     a tensor Partial over different reduce ops across mesh dims."""
     replicate = [Replicate()] * (n_out + len(inputs))
     picked = []
@@ -232,7 +232,7 @@ def _reference_greedy(inputs, ndim, rows, n_out, fixed):  # noqa: ANN001, ANN202
             if any(len(o) > 1 and o != {"sum", "avg"} for o in ops):
                 continue
             cost = sum(transition_weight(c, t, i.integral) * i.nbytes for c, t, i in zip(current, keys[n_out:], inputs))
-            if best is None or cost < best_cost:
+            if cost < best_cost:  # an infinite cost (a move DTensor does not run) never wins
                 best, best_cost = row, cost
         if best is None:
             return None

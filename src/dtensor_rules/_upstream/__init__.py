@@ -88,6 +88,7 @@ from dtensor_rules._upstream.tensors import (
     spec_of,
 )
 from dtensor_rules._upstream.collectives import (
+    SHARD_TO_PARTIAL_SUM_RUNS,
     funcol,
     one_step_redistribute_cost,
     partial_partition,

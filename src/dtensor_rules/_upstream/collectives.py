@@ -18,6 +18,7 @@ from torch.distributed.tensor._collective_utils import redistribute_cost  # full
 from torch.distributed.tensor.placement_types import Partial, Shard
 
 __all__ = [
+    "SHARD_TO_PARTIAL_SUM_RUNS",
     "funcol",
     "one_step_redistribute_cost",
     "partial_partition",
@@ -29,6 +30,11 @@ __all__ = [
     "shard_all_to_all",
     "shard_from_replicate",
 ]
+
+# DTensor's redistribute runs Shard -> Partial("sum") (materialising the full-size local tensor)
+# from torch 2.14; 2.13 raises "not supported yet". No release runs Shard -> another Partial, or
+# one Partial kind -> another, and ``redistribute_cost`` prices all of them infinite.
+SHARD_TO_PARTIAL_SUM_RUNS: bool = hasattr(Shard, "_to_partial_tensor")
 
 
 def shard_all_gather(local: torch.Tensor, mesh: DeviceMesh, mesh_dim: int, dim: int, logical: Sequence[int]) -> Any:

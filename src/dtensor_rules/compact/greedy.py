@@ -3,9 +3,9 @@
 At dispatch every input holds ONE spec (its current layout), so the cheapest valid strategy
 is mostly the one that moves nothing. Per mesh dim, each row is scored from the inputs'
 current placements there (:func:`transition_weight` x the input's bytes) and the cheapest row
-is kept (greedy over mesh dims, never mixing Partial kinds on one tensor). At most two
-full-mesh strategies are priced with DTensor's real redistribute cost: that one and
-all-Replicate (always valid). Both are products of valid single-dim rows, so validity is the
+is kept (greedy over mesh dims, never mixing Partial kinds on one tensor). If that choice moves
+an input, a search by DTensor's real redistribute cost improves it (:func:`_search`). Two
+full-mesh strategies are returned: that one and all-Replicate (always valid). Both are products of valid single-dim rows, so validity is the
 rule's table; the score only decides which valid strategy dispatch prices. It is a heuristic:
 it may redistribute where a full search finds a cheaper valid strategy, never to an invalid one.
 
@@ -16,6 +16,8 @@ Partial placements with the default shard order. Otherwise (a solver's candidate
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -48,6 +50,7 @@ class Input(NamedTuple):
     current: DTensorSpec
     nbytes: float
     integral: bool  # an integer / bool dtype
+    shape: tuple[int, ...] | None = None  # None when a size is symbolic
 
 
 class ExactIntegerPartial:
@@ -92,6 +95,8 @@ def key(p: Any) -> Key:
         return ("S", p.dim)
     if t is Partial:
         return ("P", p.reduce_op)
+    if isinstance(p, Partial):  # e.g. a masked gather's output: reduces like Partial(reduce_op), never equals it
+        return ("PM", p.reduce_op, t.__name__, repr(p))
     return (t.__name__, repr(p))
 
 
@@ -99,15 +104,19 @@ def transition_weight(src: Key, dst: Key, integral: bool) -> float:
     """Relative collective volume of one input's change on one mesh dim (0 = no change).
 
     R -> S / P is a local op (tiny weight, so an unchanged layout wins ties); S -> R, S -> S',
-    P -> S cost one all-gather / all-to-all / reduce-scatter of the input; P -> R and
-    P -> P' an all-reduce (twice that). R -> P(sum) of an integer tensor only where the
-    partition is exact (:class:`ExactIntegerPartial`).
+    P -> S cost one all-gather / all-to-all / reduce-scatter of the input; P -> R an
+    all-reduce (twice that). Infinite (never chosen) for what DTensor's dispatch does not run:
+    S -> P and P -> P' (its ``redistribute_cost`` is infinite on 2.13 and 2.14; 2.13 cannot
+    run them at all, 2.14 only S -> P(sum) by explicit ``redistribute``), and R -> P(sum) of an
+    integer tensor unless the partition is exact (:class:`ExactIntegerPartial`).
     """
     if src == dst:
         return 0.0
-    if integral and dst == ("P", "sum") and not ExactIntegerPartial.active:
-        return INF
-    if src == ("R",):
+    if dst[0] in ("P", "PM"):
+        if src[0] != "R" or (integral and dst[1] == "sum" and not ExactIntegerPartial.active):
+            return INF
+        return 1e-3
+    if src[0] == "R":
         return 1e-3
     if src[0] == "P":
         return 1.0 if dst[0] == "S" else 2.0
@@ -121,7 +130,7 @@ def fill(p: Any) -> Any:
 
 def mixes_partials(keys: Sequence[Key]) -> bool:
     """One tensor Partial over different reduce ops on different mesh dims (sum with avg is fine)."""
-    ops = {k[1] for k in keys if k[0] == "P"}
+    ops = {k[1] for k in keys if k[0] in ("P", "PM")}
     return len(ops) > 1 and ops != {"sum", "avg"}
 
 
@@ -159,8 +168,10 @@ def dispatch_inputs(strategies: Sequence[OpStrategy]) -> list[Input] | None:
         spec = s.strategies[0].output_spec
         if not _plain(spec) or spec.tensor_meta is None:
             return None
-        dtype = spec.tensor_meta.dtype
-        inputs.append(Input(s, spec, _static_bytes(spec.tensor_meta), not (dtype.is_floating_point or dtype.is_complex)))
+        meta = spec.tensor_meta
+        dtype = meta.dtype
+        shape = tuple(meta.shape) if all(type(n) is int for n in meta.shape) else None
+        inputs.append(Input(s, spec, _static_bytes(meta), not (dtype.is_floating_point or dtype.is_complex), shape))
     return inputs
 
 
@@ -170,17 +181,24 @@ def greedy_rows(
     dispatch_rows: Callable[[Sequence[Key]], Sequence[Row]],
     n_out: int,
     fixed: Mapping[int, int],
+    mesh_sizes: Sequence[int] | None = None,
+    order: Sequence[int] | None = None,
 ) -> list[Row] | None:
     """Per mesh dim the cheapest row from the current placements, keeping Partial kinds unmixed.
 
     ``fixed`` maps an input that is written into (``out=``, in-place self) to its output: its
-    row placement must equal its current one and the output's.
+    row placement must equal its current one and the output's. With ``mesh_sizes``, a row is
+    skipped where it would make a collective produce empty shards of an input of static shape
+    (:func:`collective_shards_fit`), so the next best row is taken there instead of the whole
+    strategy falling back to all-Replicate later. ``order``: the mesh dims in the order rows are
+    picked (default 0, 1, ...); the result is still one row per mesh dim in mesh-dim order.
 
-    The first row of least cost wins (all-Replicate, then the rule's order). A row's score stops
+    The first row of least finite cost wins (all-Replicate, then the rule's order); None if a mesh
+    dim has no row DTensor can move the inputs to. A row's score stops
     accumulating once it cannot beat the best so far, and a mesh dim stops at a row that moves
     nothing (no later row can be cheaper), so dispatch rarely scores every row of every input.
     """
-    picked: list[Row] = []
+    picked: dict[int, Row] = {}
     replicate: Row = [Replicate()] * (n_out + len(inputs))
     # per row (often the same cached objects on every mesh dim): its input keys and Partial columns
     facts_of: dict[int, tuple[list[Key], list[Key], tuple[tuple[int, Any], ...]]] = {}
@@ -188,14 +206,19 @@ def greedy_rows(
     nbytes = [i.nbytes for i in inputs]
     integral = [i.integral for i in inputs]
     n_in = len(inputs)
-    for m in range(ndim):
+    # per input: its placement keys on the mesh dims picked so far, before and after (empty-shard check)
+    track = [i for i in range(n_in) if inputs[i].shape is not None] if mesh_sizes is not None else []
+    was: list[list[Key]] = [[] for _ in range(n_in)]
+    goes: list[list[Key]] = [[] for _ in range(n_in)]
+    sizes: list[int] = []
+    for m in range(ndim) if order is None else order:
         current = [key(i.current.placements[m]) for i in inputs]
         best, best_cost, best_partials = None, INF, ()
         for row in _candidates(replicate, dispatch_rows, current):
             facts = facts_of.get(id(row))
             if facts is None:
                 keys = [key(p) for p in row]
-                facts = facts_of[id(row)] = (keys, keys[n_out:], tuple((j, k[1]) for j, k in enumerate(keys) if k[0] == "P"))
+                facts = facts_of[id(row)] = (keys, keys[n_out:], tuple((j, k[1]) for j, k in enumerate(keys) if k[0] in ("P", "PM")))
             keys, targets, partials = facts
             if fixed and any(targets[i] != current[i] or keys[o] != current[i] for i, o in fixed.items()):
                 continue
@@ -205,19 +228,54 @@ def greedy_rows(
                     cost += transition_weight(current[i], targets[i], integral[i]) * nbytes[i]
                     if best is not None and cost >= best_cost:
                         break
-            if best is not None and not cost < best_cost:
-                continue
+            if not cost < best_cost:
+                continue  # (an infinite cost never wins: a move DTensor does not run)
             if partial_ops_of and any(_mixes(partial_ops_of.get(j), op) for j, op in partials):
+                continue
+            if track and not all(
+                collective_shards_fit(inputs[i].shape, [*was[i], current[i]], [*goes[i], targets[i]], [*sizes, mesh_sizes[m]])  # type: ignore[arg-type,index]
+                for i in track
+                if targets[i][0] == "S"
+            ):
                 continue
             best, best_cost, best_partials = row, cost, partials
             if cost == 0.0:
                 break  # no row is cheaper than moving nothing (the first such row wins)
         if best is None:
             return None
-        picked.append(best)
+        picked[m] = best
+        if track:
+            sizes.append(mesh_sizes[m])  # type: ignore[index]
+        for i in track:
+            was[i].append(current[i])
+            goes[i].append(facts_of[id(best)][1][i])
         for j, op in best_partials:
             partial_ops_of.setdefault(j, set()).add(op)
-    return picked
+    return [picked[m] for m in range(ndim)]
+
+
+def collective_shards_fit(shape: Sequence[int], src: Sequence[Key], dst: Sequence[Key], mesh_sizes: Sequence[int]) -> bool:
+    """Whether moving a tensor of static ``shape`` from placements ``src`` to ``dst`` (keys, one
+    per mesh dim) makes no reduce-scatter produce empty shards of a dim several mesh dims shard.
+
+    A tensor dim smaller than its shard count is fine otherwise: the input already laid out so,
+    a local chunk of a replicated dim, an all-to-all, a reduce-scatter over one mesh dim
+    (DTensor runs uneven and empty shards; upstream 2.13's own ``cat``/``scatter``/``softmax``
+    strategies choose such moves). A reduce-scatter into empty shards of a dim another mesh dim
+    also shards fails inside dispatch's redistribution on the simulated mesh (torch 2.13 and
+    2.14: "'NoneType' object has no attribute 'requires_grad'", or ranks disagreeing on a size),
+    so such a dim must be at least its shard count, upstream's ``is_tensor_shardable`` test.
+    """
+    shards: dict[int, int] = {}
+    mesh_dims: dict[int, int] = {}
+    made: set[int] = set()
+    for s, d, n in zip(src, dst, mesh_sizes):
+        if d[0] == "S":
+            shards[d[1]] = shards.get(d[1], 1) * n
+            mesh_dims[d[1]] = mesh_dims.get(d[1], 0) + 1
+            if s[0] == "P":
+                made.add(d[1])
+    return all(shards[d] <= shape[d] or mesh_dims[d] == 1 for d in made)
 
 
 def _candidates(replicate: Row, dispatch_rows: Callable[[Sequence[Key]], Sequence[Row]], current: list[Key]) -> Iterator[Row]:
@@ -252,6 +310,7 @@ def priced_strategy(
     """
     memo = {} if memo is None else memo
     width = n_out + len(inputs)
+    layouts = {tuple(map(key, i.current.placements)) for i in inputs}
     cols = [tuple(fill(r[j]) for r in per_dim) for j in range(width)]
     if any(mixes_partials([key(p) for p in c]) for c in cols):
         return None
@@ -268,7 +327,10 @@ def priced_strategy(
             ok = allow_uneven_sharding or is_tensor_shardable(i.current.tensor_meta.shape, spec, allow_unbacked_sharding=False)
             cost = 0.0
         else:
-            spec, ok, cost = _memo_move(memo, mesh, i.current, current_keys, pl, target_keys)
+            fits = None if not allow_uneven_sharding or i.shape is None else (
+                target_keys in layouts and collective_shards_fit(i.shape, current_keys, target_keys, mesh.shape)
+            )
+            spec, ok, cost = _memo_move(memo, mesh, i.current, current_keys, pl, target_keys, fits)
         if not ok:
             return None
         targets.append(spec)
@@ -280,12 +342,20 @@ def priced_strategy(
 
 
 def _memo_move(
-    memo: dict[Any, Any], mesh: Any, src: DTensorSpec, src_keys: Key, pl: tuple[Any, ...], dst_keys: Key
+    memo: dict[Any, Any], mesh: Any, src: DTensorSpec, src_keys: Key, pl: tuple[Any, ...], dst_keys: Key,
+    fits: bool | None = None,
 ) -> tuple[DTensorSpec, bool, float]:
-    """An input's move to placements ``pl``: (target spec, shardable, redistribute cost), worked
+    """An input's move to placements ``pl``: (target spec, usable, redistribute cost), worked
     out once per distinct (source layout, tensor meta, target layout) and shared — a cat of 8
     alike shards builds one target spec and plans one redistribution. A symbolic (unhashable)
-    shape is worked out each time."""
+    shape is worked out each time.
+
+    Usable: upstream's ``is_tensor_shardable`` (never guarding on a symbolic size), or ``fits``:
+    for a static shape under a rule that allows uneven shards, the target is the layout another
+    input already has and :func:`collective_shards_fit` — a dim smaller than its shard count is
+    followed as upstream 2.13's own ``cat``/``scatter`` strategies follow an input's layout,
+    never made anew (a size-1 dim sharded over 8 ranks would only look cheaper to the cost
+    model, and a later view of that dim fails)."""
     meta = src.tensor_meta
     try:
         memo_key = (src_keys, meta, dst_keys)
@@ -295,11 +365,133 @@ def _memo_move(
     if memo_key is not None and memo_key in memo:
         return memo[memo_key]
     spec = DTensorSpec(mesh, pl, tensor_meta=meta)
-    ok = all(type(p) is not Shard for p in pl) or is_tensor_shardable(meta.shape, spec, allow_unbacked_sharding=False)
+    ok = bool(fits) or all(type(p) is not Shard for p in pl) or is_tensor_shardable(
+        meta.shape, spec, allow_unbacked_sharding=False
+    )
     move = (spec, ok, redistribute_cost(src, spec) if ok else INF)
     if memo_key is not None:
         memo[memo_key] = move
     return move
+
+
+def _total(spec: OpSpec) -> float:
+    return sum(c for costs in spec.redistribute_cost for c in costs)
+
+
+def descend(
+    mesh: Any,
+    inputs: Sequence[Input],
+    dispatch_rows: Callable[[Sequence[Key]], Sequence[Row]],
+    per_dim: Sequence[Row],
+    spec: OpSpec,
+    n_out: int,
+    fixed: Mapping[int, int],
+    allow_uneven_sharding: bool,
+    memo: dict[Any, Any],
+) -> tuple[list[Row], OpSpec]:
+    """Improve the greedy strategy ``spec`` one mesh dim at a time with DTensor's real costs.
+
+    The per-mesh-dim score cannot see how mesh dims interact: a local chunk on a mesh dim that
+    moves nothing shrinks the gathers on the others; an all-to-all and an all-gather score
+    alike on one mesh dim but leave different volumes for the next. While the strategy moves
+    something, each mesh dim's row is swapped for every other usable row and the swap kept
+    when DTensor's ``redistribute_cost`` of the whole strategy drops, until no swap helps
+    (a coordinate descent: at most mesh dims x rows pricings per round, each move worked out
+    once through ``memo``). Static shapes only (costs of symbolic sizes would guard).
+    """
+    best = _total(spec)
+    rows = list(per_dim)
+    replicate: Row = [Replicate()] * (n_out + len(inputs))
+    current = [[key(i.current.placements[m]) for i in inputs] for m in range(mesh.ndim)]
+    improved = True
+    while improved and best > 0:
+        improved = False
+        for m in range(mesh.ndim):
+            for row in _candidates(replicate, dispatch_rows, current[m]):
+                if row is rows[m]:
+                    continue
+                targets = [key(p) for p in row[n_out:]]
+                if any(targets[i] != current[m][i] or key(row[o]) != current[m][i] for i, o in fixed.items()):
+                    continue
+                if any(transition_weight(c, t, i.integral) == INF for c, t, i in zip(current[m], targets, inputs)):
+                    continue
+                trial = [*rows[:m], row, *rows[m + 1 :]]
+                priced = priced_strategy(mesh, inputs, trial, n_out, fixed, allow_uneven_sharding, memo)
+                if priced is not None and _total(priced) < best:
+                    rows, spec, best, improved = trial, priced, _total(priced), True
+    return rows, spec
+
+
+def _search(
+    mesh: Any,
+    inputs: Sequence[Input],
+    dispatch_rows: Callable[[Sequence[Key]], Sequence[Row]],
+    chosen: list[Row],
+    spec: OpSpec | None,
+    n_out: int,
+    fixed: Mapping[int, int],
+    allow_uneven_sharding: bool,
+    memo: dict[Any, Any],
+) -> tuple[list[Row], OpSpec] | None:
+    """The greedy's choice moves something: search further, by DTensor's real cost.
+
+    Where the usable rows give at most :data:`EXHAUSTIVE_PRODUCTS` products over the mesh dims,
+    every product is priced (what upstream's expansion prices on every cache miss; moves are
+    worked out once each through ``memo``), so the choice is the cheapest the rule allows.
+    Otherwise rows are also picked in the other mesh-dim orders (a mesh dim whose inputs can
+    stay as they are, picked first, is not blocked by an earlier choice), and the cheapest is
+    improved by :func:`descend`."""
+    per_dim = _usable_rows(mesh, inputs, dispatch_rows, n_out, fixed)
+    if math.prod(len(r) for r in per_dim) <= EXHAUSTIVE_PRODUCTS:
+        best_rows, best, best_cost = chosen, spec, INF if spec is None else _total(spec)
+        for combo in itertools.product(*per_dim):
+            priced = priced_strategy(mesh, inputs, list(combo), n_out, fixed, allow_uneven_sharding, memo)
+            if priced is not None and _total(priced) < best_cost:
+                best_rows, best, best_cost = list(combo), priced, _total(priced)
+        return None if best is None else (best_rows, best)
+    sizes = tuple(mesh.shape) if allow_uneven_sharding else None
+    best_rows, best, best_cost = chosen, spec, INF if spec is None else _total(spec)
+    for order in _orders(mesh.ndim):
+        rows = greedy_rows(inputs, mesh.ndim, dispatch_rows, n_out, fixed, sizes, order)
+        if rows is None or all(a is b for a, b in zip(rows, best_rows)):
+            continue
+        priced = priced_strategy(mesh, inputs, rows, n_out, fixed, allow_uneven_sharding, memo)
+        if priced is not None and _total(priced) < best_cost:
+            best_rows, best, best_cost = rows, priced, _total(priced)
+    if best is None:
+        return None
+    return descend(mesh, inputs, dispatch_rows, best_rows, best, n_out, fixed, allow_uneven_sharding, memo)
+
+
+EXHAUSTIVE_PRODUCTS = 1024
+
+
+def _usable_rows(
+    mesh: Any, inputs: Sequence[Input], dispatch_rows: Callable[[Sequence[Key]], Sequence[Row]], n_out: int,
+    fixed: Mapping[int, int],
+) -> list[list[Row]]:
+    """Per mesh dim the rows (all-Replicate first) that keep written-into inputs as they are and
+    move every input only in ways DTensor's dispatch runs."""
+    replicate: Row = [Replicate()] * (n_out + len(inputs))
+    out = []
+    for m in range(mesh.ndim):
+        current = [key(i.current.placements[m]) for i in inputs]
+        rows = []
+        for row in _candidates(replicate, dispatch_rows, current):
+            targets = [key(p) for p in row[n_out:]]
+            if any(targets[i] != current[i] or key(row[o]) != current[i] for i, o in fixed.items()):
+                continue
+            if all(transition_weight(c, t, i.integral) < INF for c, t, i in zip(current, targets, inputs)):
+                rows.append(row)
+        out.append(rows)
+    return out
+
+
+def _orders(ndim: int) -> list[tuple[int, ...]]:
+    """Mesh-dim orders other than the natural one: all of them up to 3 mesh dims, else the reverse."""
+    if ndim <= 3:
+        return [o for o in itertools.permutations(range(ndim)) if o != tuple(range(ndim))]
+    return [tuple(reversed(range(ndim)))]
 
 
 def compact_strategy(
@@ -317,16 +509,23 @@ def compact_strategy(
     caller's full expansion then gives upstream's answer or error.
     """
     replicate: Row = [Replicate()] * (n_out + len(inputs))
-    chosen = greedy_rows(inputs, mesh.ndim, dispatch_rows, n_out, fixed)
+    sizes = tuple(mesh.shape) if allow_uneven_sharding else None
+    chosen = greedy_rows(inputs, mesh.ndim, dispatch_rows, n_out, fixed, sizes)
     current = tuple(tuple(key(p) for p in i.current.placements) for i in inputs)
     specs: list[OpSpec] = []
     seen: set[Any] = set()
     memo: dict[Any, Any] = {}
+    static = all(i.shape is not None for i in inputs)
     for per_dim in ([chosen] if chosen is not None else []) + [[replicate] * mesh.ndim]:
         sig = tuple(tuple(key(r[j]) for r in per_dim) for j in range(n_out + len(inputs)))
         if sig in seen:
             continue
         spec = priced_strategy(mesh, inputs, per_dim, n_out, fixed, allow_uneven_sharding, memo)
+        if per_dim is chosen and static and (spec is None or _total(spec) > 0):
+            found = _search(mesh, inputs, dispatch_rows, per_dim, spec, n_out, fixed, allow_uneven_sharding, memo)
+            if found is not None:
+                per_dim, spec = found
+            sig = tuple(tuple(key(r[j]) for r in per_dim) for j in range(n_out + len(inputs)))
         if spec is not None:
             seen.add(sig)
             specs.append(spec)

@@ -26,6 +26,7 @@ from dtensor_rules._upstream import (
 from torch.distributed.tensor.placement_types import Replicate
 
 from dtensor_rules.compact.greedy import Key, Row, compact_strategy, dispatch_inputs, fill, flat_inputs
+from dtensor_rules.compact.runnable import out_layout_error, runnable_only
 
 
 def rows_strategy(
@@ -56,7 +57,11 @@ def rows_strategy(
             return compact
     replicate: Row = [Replicate()] * (n_out + len(strategies))
     expanded = full_expansion(op_schema, strategies, [replicate, *([fill(p) for p in r] for r in full_rows())], n_out)
+    if inputs is not None:  # plain inputs the greedy found no runnable move for: an out= layout
+        expanded = runnable_only(expanded, [i.current for i in inputs])
     if not expanded.strategies:
+        if inputs is not None:
+            raise out_layout_error(op_schema.op, [i.current for i in inputs], fixed)
         _no_out_layout(op_schema, strategies, out_input)
     return expanded
 

@@ -32,6 +32,7 @@ from torch.distributed.tensor.placement_types import Replicate
 from dtensor_rules._upstream import OpSchema, OpStrategy, SingleDimStrategyInfo, expand_single_dim_rule
 from dtensor_rules.compact.greedy import Key, Row, compact_strategy, dispatch_inputs, fill, flat_inputs
 from dtensor_rules.compact.rows import full_expansion
+from dtensor_rules.compact.runnable import out_layout_error, runnable_only
 
 
 def aliased_inputs(op: OpOverload, op_schema: OpSchema) -> dict[int, int]:
@@ -89,6 +90,11 @@ def single_dim_op_strategy(
         expanded = expand(op_schema.op, op_schema.args_meta, op_schema.kwargs_meta)
         if not expanded.strategies:  # only an out= / in-place tensor's fixed layout leaves nothing
             raise RuntimeError(f"{op_schema.op}: no valid sharding strategy for the input placements {op_schema}")
+        if inputs is not None:  # plain inputs the greedy found no runnable move for: an out= / in-place layout
+            current = [i.current for i in inputs]
+            expanded = runnable_only(expanded, current)
+            if not expanded.strategies:
+                raise out_layout_error(op_schema.op, current, aliased_inputs(op_schema.op, op_schema))
         return expanded
 
     strategy.__wrapped__ = rows_fn  # type: ignore[attr-defined]

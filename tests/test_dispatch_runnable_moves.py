@@ -1,0 +1,112 @@
+"""Dispatch only chooses input moves DTensor runs (#18.7), and takes the next best row where a
+collective would make empty shards (#18.6), on torch 2.13 and 2.14.
+
+DTensor's dispatch moves an input Shard -> Partial only on 2.14 and only to Partial("sum"),
+and never one Partial kind -> another. An ``out=`` tensor laid out Partial with a sharded input
+used to get a strategy needing such a move and fail inside redistribution ("redistribute from
+S(1) to P(min) not supported yet"); now it runs where DTensor can (plain torch is the oracle) and
+otherwise raises the out= layout error naming the fix.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.tensor import Partial, Replicate, Shard
+from torch.distributed.tensor.debug import CommDebugMode
+
+from dtensor_rules._upstream import SHARD_TO_PARTIAL_SUM_RUNS
+from dtensor_rules.compact.greedy import collective_shards_fit, key, transition_weight
+from dtensor_rules.compact.runnable import runnable
+from dtensor_rules.testing import simulated_mesh
+from dtensor_rules.testing.dispatch import full_value, to_dtensor
+
+R, S0, S1 = key(Replicate()), key(Shard(0)), key(Shard(1))
+P = {op: key(Partial(op)) for op in ("sum", "avg", "max", "min")}
+G = torch.Generator().manual_seed(0)
+X = torch.randn(6, 8, generator=G)
+INDEX = torch.randint(0, 6, (4, 8), generator=G)
+OUT_ERROR = "does not redistribute Shard to"
+
+
+def test_greedy_never_weighs_a_move_dispatch_does_not_run_as_finite() -> None:
+    for src in (S0, S1, *P.values()):
+        for dst in P.values():
+            if src != dst:
+                assert transition_weight(src, dst, False) == float("inf"), (src, dst)
+                assert not runnable((src,), (dst,)) or (src[0] == "S" and dst == P["sum"] and SHARD_TO_PARTIAL_SUM_RUNS)
+    for src, dst in ((R, S0), (R, P["max"]), (S0, R), (S0, S1), (P["min"], R), (P["max"], S1)):
+        assert transition_weight(src, dst, False) < float("inf") and runnable((src,), (dst,))
+
+
+def test_collective_shards_fit_only_refuses_nested_reduce_scatters_into_empty_shards() -> None:
+    sizes = (2, 2)
+    assert collective_shards_fit((3,), (S0, S0), (S0, S0), sizes)  # already laid out so: nothing moves
+    assert collective_shards_fit((3,), (S0, R), (S0, S0), sizes)  # a local chunk of a replicated dim
+    assert collective_shards_fit((1, 4), (S1, R), (S0, R), sizes)  # an all-to-all into an empty shard
+    assert collective_shards_fit((1,), (P["max"], R), (S0, R), sizes)  # a reduce-scatter over one mesh dim
+    # a reduce-scatter into an empty shard of a dim another mesh dim shards too: dispatch fails on it
+    assert not collective_shards_fit((3,), (S0, P["max"]), (S0, S0), sizes)
+    assert not collective_shards_fit((1,), (R, P["sum"]), (S0, S0), sizes)
+    assert collective_shards_fit((4,), (S0, P["sum"]), (S0, S0), sizes)
+
+
+@pytest.mark.parametrize("reduce_op", ["sum", "max", "min"])
+@pytest.mark.parametrize("x_layout", [Shard(1), Shard(0), Replicate(), "same Partial"])
+def test_gather_into_partial_out(reduce_op: str, x_layout: object) -> None:
+    layout = Partial(reduce_op) if x_layout == "same Partial" else x_layout
+    runs = not isinstance(layout, Shard) or (reduce_op == "sum" and SHARD_TO_PARTIAL_SUM_RUNS)
+    with simulated_mesh((2,)) as mesh:
+        x, index = to_dtensor(X, mesh, [layout]), to_dtensor(INDEX, mesh, [Replicate()])
+        out = to_dtensor(torch.zeros(4, 8), mesh, [Partial(reduce_op)])
+        if not runs:
+            with pytest.raises(RuntimeError, match=OUT_ERROR):
+                torch.gather(x, 0, index, out=out)
+            return
+        res = torch.gather(x, 0, index, out=out)
+        assert res is out and out.placements == (Partial(reduce_op),)
+        torch.testing.assert_close(full_value(out), torch.gather(X, 0, INDEX))
+
+
+@pytest.mark.parametrize("x_layout", [(Shard(0), Shard(1)), (Replicate(), Shard(0)), (Partial(), Replicate()), (Replicate(), Replicate())])
+def test_cumsum_into_partial_out(x_layout: tuple) -> None:
+    runs = not any(isinstance(p, Shard) for p in x_layout) or SHARD_TO_PARTIAL_SUM_RUNS
+    with simulated_mesh((2, 2)) as mesh:
+        x = to_dtensor(X, mesh, list(x_layout))
+        out = to_dtensor(torch.zeros(6, 8), mesh, [Partial(), Partial()])
+        if not runs:
+            with pytest.raises(RuntimeError, match=OUT_ERROR):
+                torch.cumsum(x, 1, out=out)
+            return
+        torch.cumsum(x, 1, out=out)
+        assert out.placements == (Partial(), Partial())
+        torch.testing.assert_close(full_value(out), X.cumsum(1), atol=1e-5, rtol=1e-5)
+
+
+def test_partial_self_of_an_inplace_op_with_a_sharded_operand() -> None:
+    """``self`` Partial(max) written in place keeps its layout; the sharded ``src`` is moved in a
+    way dispatch runs (never Shard -> Partial(max))."""
+    index = torch.randint(0, 6, (6, 8), generator=G)
+    with simulated_mesh((2,)) as mesh:
+        s = to_dtensor(X.clone(), mesh, [Partial("max")])
+        s.scatter_add_(0, to_dtensor(index, mesh, [Replicate()]), to_dtensor(X, mesh, [Shard(1)]))
+        assert s.placements == (Partial("max"),)
+        torch.testing.assert_close(full_value(s), X.clone().scatter_add_(0, index, X))
+
+
+def test_uneven_inputs_keep_their_shards_where_upstream_moved_them() -> None:
+    """The reported case: cat of (3, 4096) laid out (S0, S0) and (S0, R) on 2x2 moved 327,680 B
+    in 3 collectives; the (S0, R) one is chunked locally now (empty shards are fine: nothing moves)."""
+    x, y = torch.randn(3, 4096, generator=G), torch.randn(3, 4096, generator=G)
+    with simulated_mesh((2, 2)) as mesh:
+        dx, dy = to_dtensor(x, mesh, [Shard(0), Shard(0)]), to_dtensor(y, mesh, [Shard(0), Replicate()])
+        with CommDebugMode() as comm:
+            out = torch.cat([dx, dy], 1)
+        assert comm.get_total_counts() == 0 and out.placements == (Shard(0), Shard(0))
+        torch.testing.assert_close(full_value(out), torch.cat([x, y], 1))
+        # (S0, P(max)): a reduce-scatter into an empty shard is not run; one all-reduce on mesh dim 1
+        px = to_dtensor(x, mesh, [Shard(0), Partial("max")])
+        with CommDebugMode() as comm:
+            out = torch.cumsum(px, 1)
+        assert comm.get_total_counts() == 1 and out.placements == (Shard(0), Replicate())
+        torch.testing.assert_close(full_value(out), x.cumsum(1))
