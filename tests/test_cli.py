@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 
@@ -12,7 +13,7 @@ import pytest
 from dtensor_rules.cli.main import HARDWARE, build_parser, main, parse_mesh
 from dtensor_rules._upstream import TORCH_VERSION
 from dtensor_rules.testing.suites import suites
-from tests._fresh import run_python
+from tests._fresh import ROOT, run_python
 
 ALL_OPS = sorted(str(op) for op in suites())
 
@@ -58,8 +59,6 @@ def test_validate_on_2x2_from_a_fresh_process_prints_only_json():
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout)  # the whole stdout: no summary line before it
     assert report["op"] == "aten.cumsum.default" and report["mesh"] == [2, 2]
-from dtensor_rules.cli.main import HARDWARE, build_parser, main, parse_mesh
-from dtensor_rules._upstream import TORCH_VERSION
 
 
 def test_unknown_op_is_a_clear_error(capsys):
