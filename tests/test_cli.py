@@ -38,6 +38,7 @@ def clean(stderr: str) -> bool:
     return "Traceback" not in stderr and "ERROR" not in stderr and "[rank" not in stderr
 
 
+@pytest.mark.slow  # over ~9 s of the inner loop (pyproject.toml)
 @pytest.mark.parametrize("op", ALL_OPS)
 def test_validate_json_for_every_op_with_a_suite(op, capsys):
     assert main(["validate", "--op", op, "--mesh", "2", "--json"]) == 0

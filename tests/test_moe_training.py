@@ -124,6 +124,7 @@ def test_package_distribute_tensor_gives_each_rank_its_copy() -> None:
                 torch.testing.assert_close(value, full, atol=0, rtol=0)
 
 
+@pytest.mark.slow  # over ~9 s of the inner loop (pyproject.toml)
 @pytest.mark.parametrize("kind,shape,opt", SIMULATED, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else v)
 def test_simulated_training_equals_one_device(kind: str, shape: tuple[int, ...], opt: str) -> None:
     quiet()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import torch
 from expecttest import TestCase
 from hypothesis import given
@@ -57,6 +59,7 @@ def test_gather_every_emitted_strategy_is_correct(call) -> None:  # noqa: ANN001
     assert_no_incorrect(aten.gather.default, (self_t, dim, index), {}, mesh)
 
 
+@pytest.mark.slow  # over ~9 s of the inner loop (pyproject.toml)
 @given(indexed_call(with_src=True))
 def test_scatter_add_every_emitted_strategy_is_correct(call) -> None:  # noqa: ANN001
     mesh, self_t, dim, index, src = call
@@ -78,6 +81,7 @@ def test_scatter_value_every_emitted_strategy_is_correct(call, value) -> None:  
     assert_no_incorrect(aten.scatter.value, (self_t, dim, index, value), {}, mesh)
 
 
+@pytest.mark.slow  # over ~9 s of the inner loop (pyproject.toml)
 def test_suites_ours_correct_and_at_least_upstream() -> None:
     for op in (GATHER[0], SCATTER_ADD[0], SCATTER_SRC[0], SCATTER_VALUE[0], SCATTER_REDUCE[0]):
         report = check_samples(op, samples_for(op), (2,))

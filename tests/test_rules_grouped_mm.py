@@ -61,6 +61,7 @@ def _runs(args: tuple) -> bool:
         return False
 
 
+@pytest.mark.slow  # over ~9 s of the inner loop (pyproject.toml)
 @pytest.mark.parametrize("mesh", MESHES, ids=str)
 def test_every_emitted_strategy_is_correct(mesh) -> None:  # noqa: ANN001
     @scaled(EXAMPLES[mesh])
@@ -74,6 +75,7 @@ def test_every_emitted_strategy_is_correct(mesh) -> None:  # noqa: ANN001
     case()
 
 
+@pytest.mark.slow  # over ~9 s of the inner loop (pyproject.toml)
 @pytest.mark.parametrize("mesh", [(2,), (4,), (2, 2)], ids=str)
 def test_suite_no_incorrect_and_beats_upstream(mesh) -> None:  # noqa: ANN001
     r = check_samples(GROUPED_MM, samples_for(GROUPED_MM), mesh)

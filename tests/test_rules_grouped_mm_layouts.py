@@ -106,6 +106,7 @@ def _placements(draw: st.DrawFn, t: torch.Tensor, mesh_ndim: int) -> list:
     return [draw(st.sampled_from(options)) for _ in range(mesh_ndim)]
 
 
+@pytest.mark.slow  # over ~9 s of the inner loop (pyproject.toml)
 @pytest.mark.parametrize("mesh_shape", [(2,), (3,), (2, 2), (2, 3)], ids=str)
 def test_any_input_layout_matches_single_device(mesh_shape: tuple[int, ...]) -> None:
     """Hypothesis over layouts and placements, plus a redistribution before the call: DTensor

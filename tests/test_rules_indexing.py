@@ -91,6 +91,7 @@ def _index_case(mesh, call) -> None:  # noqa: ANN001
     _assert_correct(check_rule(aten.index.Tensor, (x, indices), {}, mesh, max_nd_combos=200))
 
 
+@pytest.mark.slow  # over ~9 s of the inner loop (pyproject.toml)
 @pytest.mark.parametrize("mesh", MESHES, ids=str)
 def test_index_put_every_strategy_correct(mesh) -> None:  # noqa: ANN001
     strategy = given(call=index_calls(masks=True), accumulate=st.booleans(), data=st.data())(_index_put_case)
@@ -110,6 +111,7 @@ def _index_put_case(mesh, call, accumulate, data) -> None:  # noqa: ANN001
     _assert_correct(check_rule(aten.index_put.default, (x, indices, values, accumulate), {}, mesh, max_nd_combos=200))
 
 
+@pytest.mark.slow  # over ~9 s of the inner loop (pyproject.toml)
 @pytest.mark.parametrize("mesh", [(2,), (4,), (2, 2)], ids=str)
 @pytest.mark.parametrize("op", [aten.index.Tensor, aten.index_put.default], ids=str)
 def test_suite_no_incorrect_and_beats_upstream(op, mesh) -> None:  # noqa: ANN001

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import torch
 from expecttest import TestCase
 from hypothesis import given
@@ -52,6 +54,7 @@ def cat_calls(draw):  # noqa: ANN001, ANN201
     return mesh, (tensors, dim)
 
 
+@pytest.mark.slow  # over ~9 s of the inner loop (pyproject.toml)
 @given(cat_calls())
 def test_cat_every_emitted_strategy_is_correct(call) -> None:  # noqa: ANN001
     mesh, args = call
@@ -75,6 +78,7 @@ def slice_scatter_calls(draw):  # noqa: ANN001, ANN201
     return mesh, (self_t, src, dim, start, end, step)
 
 
+@pytest.mark.slow  # over ~9 s of the inner loop (pyproject.toml)
 @given(slice_scatter_calls())
 def test_slice_scatter_every_emitted_strategy_is_correct(call) -> None:  # noqa: ANN001
     mesh, args = call

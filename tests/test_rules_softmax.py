@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import expecttest
 import torch
 from hypothesis import given
@@ -29,6 +31,7 @@ def softmax_backward_args(draw):
     return g, y, dim, dtype
 
 
+@pytest.mark.slow  # over ~9 s of the inner loop (pyproject.toml)
 @given(softmax_backward_args(), st.sampled_from(MESHES))
 def test_softmax_backward_rule_is_sound_and_complete(args, mesh_shape):
     assert_rule_sound_and_complete(OP, args, None, mesh_shape)
