@@ -145,14 +145,14 @@ shared_w3  64x32    R, S(0)     32x32         P, S(0)          32x32
 shared_w2  32x64    R, S(1)     32x32         P, S(1)          32x32
 
 collectives of one forward+backward (rank 0; bytes = larger of input and output per call):
-path                   phase     collective      calls  bytes
----------------------  --------  --------------  -----  -----
-expert parallel        forward   all_to_all          3  17184
-expert parallel        backward  all_reduce          2   4488
-expert parallel        backward  all_to_all          2  17152
-shard_moe gather path  forward   all_gather          9  67632
-shard_moe gather path  backward  all_gather          4  57600
-shard_moe gather path  backward  reduce_scatter      2   4896
+path                   phase     collective      calls   bytes
+---------------------  --------  --------------  -----  ------
+expert parallel        forward   all_to_all          3   17184
+expert parallel        backward  all_reduce          2    4488
+expert parallel        backward  all_to_all          2   17152
+shard_moe gather path  forward   all_gather         11  105392
+shard_moe gather path  backward  all_gather         10  138400
+shard_moe gather path  backward  reduce_scatter      3   13344
 
 expert parallel = single device (output and 8 gradients, float32 1e-5): yes
 no all_gather in forward or backward: yes
