@@ -64,6 +64,8 @@ fi
 shift || true
 case "$cmd" in
   demo) exec "$VENV/bin/python" -m dtensor_rules demo "$@" ;;
-  test) exec "$VENV/bin/python" -m pytest -n 2 -q "$@" ;;
+  # the README's test command is deterministic (the derandomized `ci` profile, as CI runs it);
+  # HYPOTHESIS_PROFILE=dev explores new random inputs (tests/conftest.py)
+  test) HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci} exec "$VENV/bin/python" -m pytest -n 2 -q "$@" ;;
   *) exec "$VENV/bin/python" -m dtensor_rules "$cmd" "$@" ;;
 esac
