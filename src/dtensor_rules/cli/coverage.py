@@ -39,7 +39,6 @@ Excluded from the table (DTensor never asks the propagator about them):
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field

@@ -25,7 +25,6 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
 from dtensor_rules import patches

@@ -21,7 +21,7 @@ from dtensor_rules._upstream import (
 )
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
+from torch.distributed.tensor.placement_types import Placement, Shard
 
 from dtensor_rules.redistribute.cache import BY_SRC, PlanKey, lookup, recall, remember_args
 from dtensor_rules.redistribute.executor import execute
