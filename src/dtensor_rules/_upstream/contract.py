@@ -82,7 +82,7 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement("torch.distributed._local_tensor", "rank_map"),
     Requirement("torch.distributed._local_tensor", "maybe_run_for_local_tensor"),
     Requirement("torch.distributed._local_tensor", "maybe_disable_local_tensor_mode", why="MoE.init_weights"),
-    Requirement("torch.distributed._local_tensor", "_for_each_rank_run_func", params=("alias",),
+    Requirement("torch.distributed._local_tensor", "_for_each_rank_run_func",
                 why="the per_rank_generators patch: LocalTensorMode's per-rank loop"),
     Requirement("torch.distributed._local_tensor", "_map_to_rank_local_val", why="the per_rank_generators patch"),
     Requirement("torch.distributed._functional_collectives", "all_gather_single"),
