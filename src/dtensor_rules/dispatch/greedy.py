@@ -310,7 +310,7 @@ def priced_strategy(
     """
     memo = {} if memo is None else memo
     width = n_out + len(inputs)
-    layouts = {tuple(map(key, i.current.placements)) for i in inputs}
+    followed = held_shardings(inputs)
     cols = [tuple(fill(r[j]) for r in per_dim) for j in range(width)]
     if any(mixes_partials([key(p) for p in c]) for c in cols):
         return None
@@ -328,7 +328,8 @@ def priced_strategy(
             cost = 0.0
         else:
             fits = None if not allow_uneven_sharding or i.shape is None else (
-                target_keys in layouts and collective_shards_fit(i.shape, current_keys, target_keys, mesh.shape)
+                follows_held(i.shape, target_keys, mesh.shape, followed)
+                and collective_shards_fit(i.shape, current_keys, target_keys, mesh.shape)
             )
             spec, ok, cost = _memo_move(memo, mesh, i.current, current_keys, pl, target_keys, fits)
         if not ok:
@@ -341,6 +342,38 @@ def priced_strategy(
     return OpSpec(output_specs=outs[0] if n_out == 1 else tuple(outs), input_specs=targets, redistribute_cost=costs)
 
 
+def held_shardings(inputs: Sequence[Input]) -> set[tuple[int, int, tuple[int, ...]]]:
+    """(tensor rank, tensor dim, mesh dims sharding it) for every sharded dim of every input's
+    current layout: the shardings dispatch may follow even where a dim is smaller than its shard
+    count (:func:`follows_held`)."""
+    held = set()
+    for i in inputs:
+        keys = [key(p) for p in i.current.placements]
+        ndim = len(i.current.tensor_meta.shape)
+        for d in {k[1] for k in keys if k[0] == "S"}:
+            held.add((ndim, d, tuple(m for m, k in enumerate(keys) if k == ("S", d))))
+    return held
+
+
+def follows_held(
+    shape: Sequence[int], target: Sequence[Key], mesh_sizes: Sequence[int], held: set[tuple[int, int, tuple[int, ...]]]
+) -> bool:
+    """Whether every dim of ``shape`` that ``target`` shards into more pieces than it has rows is
+    sharded over exactly the mesh dims some input's current layout shards that dim over (#18.6).
+
+    Upstream's own strategies (softmax backward, cat, scatter) follow an input's layout dim by dim
+    without a shardability test: g (R, R) and y (S(0), S(1)) of a 1x1 tensor go to (R, S(1)).
+    Following a held sharding is what they do; making a new one of a too-small dim is refused
+    (it only looks cheaper to the cost model, and a later view of that dim fails)."""
+    count: dict[int, int] = {}
+    over: dict[int, list[int]] = {}
+    for m, k in enumerate(target):
+        if k[0] == "S":
+            count[k[1]] = count.get(k[1], 1) * mesh_sizes[m]
+            over.setdefault(k[1], []).append(m)
+    return all(n <= shape[d] or (len(shape), d, tuple(over[d])) in held for d, n in count.items())
+
+
 def _memo_move(
     memo: dict[Any, Any], mesh: Any, src: DTensorSpec, src_keys: Key, pl: tuple[Any, ...], dst_keys: Key,
     fits: bool | None = None,
@@ -351,11 +384,10 @@ def _memo_move(
     shape is worked out each time.
 
     Usable: upstream's ``is_tensor_shardable`` (never guarding on a symbolic size), or ``fits``:
-    for a static shape under a rule that allows uneven shards, the target is the layout another
-    input already has and :func:`collective_shards_fit` — a dim smaller than its shard count is
-    followed as upstream 2.13's own ``cat``/``scatter`` strategies follow an input's layout,
-    never made anew (a size-1 dim sharded over 8 ranks would only look cheaper to the cost
-    model, and a later view of that dim fails)."""
+    for a static shape under a rule that allows uneven shards, every too-small dim of the target
+    is sharded as some input's current layout shards it (:func:`follows_held`) and
+    :func:`collective_shards_fit` — a dim smaller than its shard count is followed as upstream
+    2.13's own ``cat``/``scatter``/``softmax`` strategies follow an input's layout, never made anew."""
     meta = src.tensor_meta
     try:
         memo_key = (src_keys, meta, dst_keys)
