@@ -310,7 +310,7 @@ def priced_strategy(
     """
     memo = {} if memo is None else memo
     width = n_out + len(inputs)
-    followed = held_shardings(inputs)
+    followed: set[tuple[int, int, tuple[int, ...]]] | None = None  # worked out when an input moves
     cols = [tuple(fill(r[j]) for r in per_dim) for j in range(width)]
     if any(mixes_partials([key(p) for p in c]) for c in cols):
         return None
@@ -327,6 +327,8 @@ def priced_strategy(
             ok = allow_uneven_sharding or is_tensor_shardable(i.current.tensor_meta.shape, spec, allow_unbacked_sharding=False)
             cost = 0.0
         else:
+            if followed is None:
+                followed = held_shardings(inputs)
             fits = None if not allow_uneven_sharding or i.shape is None else (
                 follows_held(i.shape, target_keys, mesh.shape, followed)
                 and collective_shards_fit(i.shape, current_keys, target_keys, mesh.shape)
