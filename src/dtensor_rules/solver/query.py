@@ -34,7 +34,7 @@ from dtensor_rules._upstream import (
     propagator,
 )
 
-__all__ = ["Layout", "Row", "Source", "NodeRows", "Strategies", "query_graph", "placeholder_options"]
+__all__ = ["Layout", "Row", "Source", "NodeRows", "Strategies", "query_graph", "placeholder_options", "tensor_meta", "out_layouts"]
 
 Layout = tuple[Placement, ...]  # one placement per mesh dim
 
@@ -68,7 +68,7 @@ class Strategies(NamedTuple):
     fallbacks: tuple[str, ...]  # nodes no rule answered for (one all-Replicate row)
 
 
-def _meta(v: Any) -> TensorMeta | None:
+def tensor_meta(v: Any) -> TensorMeta | None:
     if isinstance(v, torch.Tensor):
         return TensorMeta(shape=v.shape, stride=v.stride(), dtype=v.dtype)
     return None
@@ -90,7 +90,7 @@ def _resolve(node: fx.Node) -> Source:
     return Source(node.name, None)
 
 
-def _out_layouts(nr: NodeRows, index: int | None) -> list[Layout]:
+def out_layouts(nr: NodeRows, index: int | None) -> list[Layout]:
     """The distinct layouts ``nr`` may output at ``index``, in first-seen order."""
     seen: dict[Layout, None] = {}
     for r in nr.rows:
@@ -156,7 +156,7 @@ def _ask(node: fx.Node, schema: OpSchema, n_in: int, mesh: DeviceMesh) -> list[R
         # the rule's rows (placeholders as plain Shard, all-Replicate added) over the mesh directly
         val = node.meta["val"]
         n_out = 1 if isinstance(val, torch.Tensor) else len(val)
-        out_meta = _meta(val) if isinstance(val, torch.Tensor) else tuple(_meta(v) for v in val)
+        out_meta = tensor_meta(val) if isinstance(val, torch.Tensor) else tuple(tensor_meta(v) for v in val)
         rows = [[Shard(p.dim) if isinstance(p, ShardingPlaceholder) else p for p in r]
                 for r in fn.func(node.target, schema.args_meta, schema.kwargs_meta)]
         if not any(all(p is None or isinstance(p, Replicate) for p in r) for r in rows):
@@ -186,7 +186,7 @@ def query_graph(gm: fx.GraphModule, mesh: DeviceMesh, fixed: dict[str, Sequence[
     fallbacks: list[str] = []
     for node in gm.graph.nodes:
         if node.op == "placeholder":
-            meta = _meta(node.meta["val"])
+            meta = tensor_meta(node.meta["val"])
             opts = list(fixed.get(node.name) or placeholder_options(mesh, meta))
             nodes[node.name] = NodeRows(node.name, None, [Row((o,), ()) for o in opts], (), ())
             continue
@@ -194,10 +194,10 @@ def query_graph(gm: fx.GraphModule, mesh: DeviceMesh, fixed: dict[str, Sequence[
             continue
         arg_nodes = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, fx.Node)]
         sources = tuple(_resolve(a) for a in arg_nodes)
-        metas = tuple(_meta(a.meta["val"]) for a in arg_nodes)
+        metas = tuple(tensor_meta(a.meta["val"]) for a in arg_nodes)
         candidates = {
             a: OpStrategy([OpSpec(DTensorSpec(mesh, lay, tensor_meta=m))
-                           for lay in _out_layouts(nodes[s.node], s.index)])
+                           for lay in out_layouts(nodes[s.node], s.index)])
             for a, s, m in zip(arg_nodes, sources, metas)
         }
         n_in = len(arg_nodes)
