@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from typing import NamedTuple
 
 import pulp
@@ -37,7 +38,7 @@ def solve(problem: Problem, memory_cap: float | None = None, time_limit_s: float
     counter = iter(range(1 << 62))
 
     def var() -> pulp.LpVariable:
-        return pulp.LpVariable(f"v{next(counter)}", cat=pulp.LpBinary)
+        return prob.add_variable(f"v{next(counter)}", cat=pulp.LpBinary)
 
     by_consumer: dict[str, list] = {}
     for e in problem.edges:
@@ -79,13 +80,15 @@ def solve(problem: Problem, memory_cap: float | None = None, time_limit_s: float
     prob += pulp.lpSum(objective)
     n_vars = next(counter)
     t0 = time.perf_counter()
-    status = prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s))
+    with warnings.catch_warnings():  # PuLP 3.3 deprecates its bundled-CBC class for 4.0; 3.3.2 is pinned
+        warnings.simplefilter("ignore", DeprecationWarning)
+        status = prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s))
     solve_s = time.perf_counter() - t0
     status_name = pulp.LpStatus[status]
     if status_name != "Optimal":
         raise RuntimeError(f"no placement meets the constraints (CBC: {status_name}); raise memory_cap")
     picked = {n: max(range(len(xs)), key=lambda o: pulp.value(xs[o]) or 0.0) for n, xs in choice.items()}
-    return Solution(picked, float(pulp.value(prob.objective) or 0.0), n_vars, len(prob.constraints), solve_s, status_name)
+    return Solution(picked, float(pulp.value(prob.objective) or 0.0), n_vars, prob.numConstraints(), solve_s, status_name)
 
 
 def total_cost(problem: Problem, choice: dict[str, int]) -> float:
