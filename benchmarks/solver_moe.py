@@ -7,7 +7,8 @@ installed in DTensor, price compute with our flop/byte formulas (h100 profile) a
 producer->consumer move with the ordered-mesh planner, and choose one row per node with PuLP/CBC
 under a per-rank parameter-memory cap. The same trace is solved with our rules installed and
 with upstream's (``dtensor_rules.uninstall()``), priced by the same functions, so the objectives
-compare. Printed per mesh: ILP variables and constraints, CBC solve time, query+pricing time,
+compare; "ours-full" is our rules with the solver-mode trim off (the full enumeration switch,
+``dtensor_rules.core.solver_rows``), what solvers got before issue 19 item 6. Printed per mesh: ILP variables and constraints, CBC solve time, query+pricing time,
 objective (us per step, modelled), and the chosen expert placement; then every parameter's
 layout. No expert-parallel (ragged) placement exists yet, so experts can only be TP/FSDP-style
 sharded or replicated here.
@@ -29,6 +30,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 import dtensor_rules
+from dtensor_rules.core.solver_rows import full_enumeration
 from dtensor_rules.models.moe import MoE, MoEConfig
 from dtensor_rules.solver import choose_placements, trace_joint
 from dtensor_rules.testing import fake_world
@@ -39,6 +41,8 @@ LITE_TOKENS = 16384
 SMALL = MoEConfig(dim=16, hidden=32, n_experts=8, top_k=2, gmm_dtype=torch.bfloat16)
 SMALL_TOKENS = 64
 MESHES = ((8,), (2, 4), (4, 8))
+# ours: solver-mode rows as shipped; ours-full: every row (core.solver_rows.full_enumeration); upstream: torch's rules
+RULES = ("ours", "ours-full", "upstream")
 
 
 class Row(NamedTuple):
@@ -70,10 +74,11 @@ def run(config: MoEConfig, tokens: int, meshes: tuple, cap_fraction: float | Non
     for shape in meshes:
         with fake_world(math.prod(shape)):
             mesh = init_device_mesh("cpu", shape)
-            for rules in ("ours", "upstream"):
-                (dtensor_rules.install if rules == "ours" else dtensor_rules.uninstall)()
+            for rules in RULES:
+                (dtensor_rules.uninstall if rules == "upstream" else dtensor_rules.install)()
                 try:
-                    c = choose_placements(model, x, mesh, memory_cap=cap, joint=jg)
+                    with full_enumeration(rules == "ours-full"):
+                        c = choose_placements(model, x, mesh, memory_cap=cap, joint=jg)
                 finally:
                     dtensor_rules.install()
                 experts = "/".join(_pl(c.params[w]) for w in ("w1", "w3", "w2"))

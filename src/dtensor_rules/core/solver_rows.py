@@ -1,11 +1,13 @@
 """Which rows a solver's query gets: the ones it can use, not the dominated ones.
 
 A solver (AutoParallel, ``dtensor_rules.solver``) prices every row a rule offers: each row is
-ILP variables per input candidate. A row that asks input ``i`` for ``Partial(avg|max|min)``
+ILP variables per input candidate. Two kinds of rows are dominated. (1) A row that asks input ``i`` for ``Partial(avg|max|min)``
 when no candidate layout of input ``i`` carries that reduce op is never cheaper than the same
 row with ``Replicate`` there: reaching the Partial costs a move from a layout the producer does
 not have, and the Partial output then needs a reduction that ``Replicate`` does not. Those rows
-are dropped from solver queries (several candidate specs per input). ``Partial(sum)`` rows are
+are dropped from solver queries (several candidate specs per input). (2) A row mixing
+``Replicate`` and ``Partial(avg|max|min)`` inputs (``cat``'s one-part-partial rows) when the row
+with all those inputs ``Partial`` is offered: ``Replicate -> Partial(avg|max|min)`` is free. ``Partial(sum)`` rows are
 kept: linearity rows such as ``_grouped_mm``'s ``(P(sum), R, R) -> P(sum)`` let a solver keep a
 gradient partial across an op and reduce once, which upstream's rules offer too.
 
@@ -21,7 +23,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from torch.distributed.tensor.placement_types import Partial
+from torch.distributed.tensor.placement_types import Partial, Replicate
 
 __all__ = ["DOMINATED_UNLESS_CARRIED", "carried_reduce_ops", "full_enumeration", "is_full_enumeration",
            "is_solver_query", "set_full_enumeration", "trim_rows"]
@@ -73,8 +75,9 @@ def carried_reduce_ops(strategies: Sequence[Any]) -> list[frozenset[str]]:
 
 def trim_rows(rows: Sequence[Sequence[Any]], strategies: Sequence[Any], n_out: int) -> list[Sequence[Any]]:
     """``rows`` (single-dim: outputs then inputs) without those asking an input for a
-    Partial(avg|max|min) none of its candidates carries; all of them under the full enumeration."""
-    if is_full_enumeration():
+    Partial(avg|max|min) none of its candidates carries, nor those :func:`_dominated_mixed`; all of
+    them for a dispatch query (one spec per input) and under the full enumeration."""
+    if is_full_enumeration() or not is_solver_query(strategies):
         return list(rows)
     carried = carried_reduce_ops(strategies)
 
@@ -84,7 +87,25 @@ def trim_rows(rows: Sequence[Sequence[Any]], strategies: Sequence[Any], n_out: i
                 return False
         return True
 
-    return [r for r in rows if useful(r)]
+    kept = [r for r in rows if useful(r)]
+    present = {_key(r) for r in kept}
+    return [r for r in kept if not _dominated_mixed(r, n_out, present)]
+
+
+def _key(row: Sequence[Any]) -> tuple:
+    return tuple(repr(p) for p in row)
+
+
+def _dominated_mixed(row: Sequence[Any], n_out: int, present: set[tuple]) -> bool:
+    """A row mixing Replicate and Partial(op) inputs (op avg|max|min) when the same row with every
+    Replicate input Partial(op) is offered too: Replicate -> Partial(op) is free (each rank already
+    holds the value), so that row is never dearer; same output, same local shapes."""
+    ops = {p.reduce_op for p in row[n_out:] if isinstance(p, Partial) and p.reduce_op in DOMINATED_UNLESS_CARRIED}
+    if len(ops) != 1 or not any(isinstance(p, Replicate) for p in row[n_out:]):
+        return False
+    q = Partial(ops.pop())
+    lifted = [*row[:n_out], *(q if isinstance(p, Replicate) else p for p in row[n_out:])]
+    return _key(lifted) in present
 
 
 def carried_per_mesh_dim(strategies: Sequence[Any]) -> list[list[frozenset[str]]]:
