@@ -1,4 +1,4 @@
-"""Compact dispatch of single-dim rules (dtensor_rules.compact): dispatch prices at most two
+"""Compact dispatch of single-dim rules (dtensor_rules.dispatch): dispatch prices at most two
 strategies, queries still see every row over every mesh dim, and whatever dispatch picks gives
 the single-device result (plain torch on the full tensors is the oracle)."""
 
@@ -25,8 +25,8 @@ from dtensor_rules._upstream import (
     recording_strategy_counts,
     unwrap_to_op_info,
 )
-from dtensor_rules.compact.greedy import key, transition_weight
-from dtensor_rules.compact.single_dim import aliased_inputs
+from dtensor_rules.dispatch.greedy import key, transition_weight
+from dtensor_rules.dispatch.single_dim import aliased_inputs
 from dtensor_rules.ops.fma import fma, fma_strategy
 from dtensor_rules.ops.softmax import SOFTMAX_BACKWARD
 from dtensor_rules.registry import get_rule
@@ -121,7 +121,7 @@ def test_aliased_inputs_of_out_and_inplace_calls() -> None:
 
 def _exact_rows_exist(rows, placements) -> bool:  # noqa: ANN001
     """Every mesh dim has a row (or all-Replicate) taking the inputs exactly as they are, and the
-    output does not mix Partial kinds across mesh dims (sum with avg only: docs/compact_dispatch.md)."""
+    output does not mix Partial kinds across mesh dims (sum with avg only: docs/dispatch.md)."""
     def fill(p):  # noqa: ANN001, ANN202
         return Shard(p.dim) if type(p).__name__ == "_ShardingPlaceholder" else p
     table = {tuple(fill(p) for p in r[1:]): fill(r[0]) for r in reversed(rows)}
@@ -247,7 +247,7 @@ def test_greedy_scoring_shortcuts_keep_the_documented_choice(data) -> None:  # n
     it must still pick exactly the rows a full scoring picks (ties: the first), Partial kinds unmixed."""
     from types import SimpleNamespace
 
-    from dtensor_rules.compact.greedy import ExactIntegerPartial, Input, greedy_rows
+    from dtensor_rules.dispatch.greedy import ExactIntegerPartial, Input, greedy_rows
 
     all_pl = PLACEMENTS + [Partial("min"), Shard(2)]
     ndim, n_in, n_out = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 5)), data.draw(st.integers(1, 2))
@@ -285,3 +285,23 @@ def test_cat_of_many_inputs_that_must_all_move_matches_torch(dim: int) -> None:
         xs = [to_dtensor(t, mesh, layout, salt=i) for i, t in enumerate(tensors)]
         got = full_value(torch.cat(xs, dim))
     torch.testing.assert_close(got, torch.cat(tensors, dim))
+
+
+def test_the_old_compact_package_is_a_warning_alias_of_dispatch() -> None:
+    """#21.5: ``dtensor_rules.compact`` was renamed ``dtensor_rules.dispatch``; old imports keep working,
+    warn naming the new module, and get the new modules themselves (a monkeypatch through the old
+    name reaches the code dispatch runs)."""
+    import importlib
+    import sys
+
+    import dtensor_rules.dispatch.greedy as new_greedy
+    import dtensor_rules.dispatch.single_dim as new_single_dim
+
+    for name in [m for m in sys.modules if m == "dtensor_rules.compact" or m.startswith("dtensor_rules.compact.")]:
+        del sys.modules[name]
+    with pytest.warns(DeprecationWarning, match=r"dtensor_rules\.dispatch"):
+        old_greedy = importlib.import_module("dtensor_rules.compact.greedy")
+    assert old_greedy is new_greedy
+    from dtensor_rules.compact.single_dim import single_dim_op_strategy
+
+    assert single_dim_op_strategy is new_single_dim.single_dim_op_strategy

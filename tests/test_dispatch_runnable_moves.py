@@ -16,8 +16,8 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.debug import CommDebugMode
 
 from dtensor_rules._upstream import SHARD_TO_PARTIAL_SUM_RUNS
-from dtensor_rules.compact.greedy import collective_shards_fit, key, transition_weight
-from dtensor_rules.compact.runnable import runnable
+from dtensor_rules.dispatch.greedy import collective_shards_fit, key, transition_weight
+from dtensor_rules.dispatch.runnable import runnable
 from dtensor_rules.testing import simulated_mesh
 from dtensor_rules.testing.dispatch import full_value, to_dtensor
 

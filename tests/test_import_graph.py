@@ -73,7 +73,7 @@ def _files(sub: str) -> list[Path]:
         ("registry.py", ("dtensor_rules.ops",)),
         ("testing/suites", ("dtensor_rules.ops",)),
         # the planner registers its torch patches through dtensor_rules.patches, not the rule registry
-        ("redistribute", ("dtensor_rules.registry", "dtensor_rules.ops", "dtensor_rules.compact")),
+        ("redistribute", ("dtensor_rules.registry", "dtensor_rules.ops", "dtensor_rules.dispatch")),
         *[(part, ("dtensor_rules.testing",)) for part in PRODUCT],
     ],
 )

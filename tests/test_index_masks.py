@@ -72,7 +72,7 @@ def test_mask_patch_is_undone_by_uninstall() -> None:
 
 def test_bincount_handler_caches_its_choice(monkeypatch) -> None:
     """#10.5: the second identical call does not expand the rule again."""
-    from dtensor_rules.ops import _rule_dispatch
+    from dtensor_rules.dispatch import custom_handler as _rule_dispatch
 
     calls = []
     real = _rule_dispatch.expand_to_mesh

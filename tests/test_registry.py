@@ -46,7 +46,7 @@ def restore_install():
 def test_import_installs_our_rules():
     prop = DTensor._op_dispatcher.sharding_propagator
     assert set(registry.active_ops()) >= {FMA, SBD, SBD_OUT}
-    # single-dim rules go in as op strategies (compact at dispatch, dtensor_rules.compact)
+    # single-dim rules go in as op strategies (compact at dispatch, dtensor_rules.dispatch)
     assert prop.op_strategy_funcs[FMA].__wrapped__ is registry.get_rule(FMA).strategy
     assert prop.op_strategy_funcs[SBD].__wrapped__ is registry.get_rule(SBD).strategy
     assert SBD not in prop.op_single_dim_strategy_funcs and FMA not in prop.op_single_dim_strategy_funcs  # upstream's are out of the way

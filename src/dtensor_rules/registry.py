@@ -17,8 +17,8 @@ Two kinds of strategy function are supported, mirroring upstream:
     ``fn(op, args_meta, kwargs_meta) -> list[list[Placement | ShardingPlaceholder]]``,
     each inner list ``[*output_placements, *input_placements]`` for ONE mesh dim; the
     all-Replicate strategy is implied. Installed as an ``op_strategy`` through
-    :mod:`dtensor_rules.compact`: dispatch prices at most two products of rows, other queries
-    get upstream's expansion of every row over every mesh dim (docs/compact_dispatch.md).
+    :mod:`dtensor_rules.dispatch`: dispatch prices at most two products of rows, other queries
+    get upstream's expansion of every row over every mesh dim (docs/dispatch.md).
 ``kind="op_strategy"``
     ``fn(op_schema) -> OpStrategy | TupleStrategy`` for rules that need the mesh.
 
@@ -68,7 +68,7 @@ from dtensor_rules._upstream import (
 )
 from dtensor_rules import patches as _patch_registry
 from dtensor_rules.core.metas import metas as tensor_metas
-from dtensor_rules.compact.single_dim import single_dim_op_strategy
+from dtensor_rules.dispatch.single_dim import single_dim_op_strategy
 from dtensor_rules.costs.op_cost import Formula
 from dtensor_rules.costs.rule_source import use_rules
 from dtensor_rules.costs.user_formula import from_flops_bytes
@@ -417,7 +417,7 @@ def _checked_single_dim(rule: Rule) -> Callable[..., Any]:
 
 def _checked_op_strategy(rule: Rule) -> Callable[..., Any]:
     """The op strategy DTensor calls for ``rule``: a single-dim rule through
-    :func:`~dtensor_rules.compact.single_dim.single_dim_op_strategy` (its checked rows function
+    :func:`~dtensor_rules.dispatch.single_dim.single_dim_op_strategy` (its checked rows function
     is the ``single_dim_rows`` attribute); output checked, a malformed one raises RuleError."""
     fn = rule.strategy
     rows = None
@@ -499,7 +499,7 @@ def _install_ops(ops: Sequence[OpOverload], policy: Policy) -> list[OpOverload]:
             for name in _ALL_REGISTRIES:
                 getattr(prop, name).pop(op, None)
             # a single-dim rule goes in as an op_strategy: compact at dispatch, upstream's own
-            # expansion of the same rows for every other query (dtensor_rules.compact.single_dim)
+            # expansion of the same rows for every other query (dtensor_rules.dispatch.single_dim)
             prop.op_strategy_funcs[op] = _checked_op_strategy(rule)
             prop.op_to_schema_info[op] = rule.schema_info
             if rule.handler is not None:

@@ -36,7 +36,7 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(f"{_T}._op_schema", "RuntimeSchemaInfo", params=("static_argnum", "static_kwargkey", "needs_pytree")),
     Requirement(f"{_T}._ops.single_dim_strategy", "_ShardingPlaceholder", params=("dim",)),
     Requirement(f"{_T}._ops.single_dim_strategy", "_SingleDimStrategyInfo", params=("func", "allow_uneven_sharding")),
-    Requirement(f"{_T}._ops.single_dim_strategy", "_SingleDimStrategyInfo", params=("allow_unbacked_sharding",), why="compact.single_dim: the fallback expansion never guards on an unbacked size"),
+    Requirement(f"{_T}._ops.single_dim_strategy", "_SingleDimStrategyInfo", params=("allow_unbacked_sharding",), why="dispatch.single_dim: the fallback expansion never guards on an unbacked size"),
     Requirement(f"{_T}._ops.single_dim_strategy", "_get_num_tensor_inputs"),
     Requirement(f"{_T}._ops.single_dim_strategy", "_expand_single_dim_strategy_to_mesh",
                 params=("mesh", "op_schema", "strategy_info", "output_tensor_meta")),

@@ -1,8 +1,23 @@
-"""Compact strategy sets for DTensor dispatch; the full enumeration for solvers and the validator.
+"""Deprecated alias of :mod:`dtensor_rules.dispatch` (renamed: the package is what DTensor calls on
+a sharding-cache miss, the strategy choice). Importing it, or any of its old submodules, warns once
+and hands back the new modules themselves, so monkeypatches and isinstance checks keep working."""
 
-:mod:`~dtensor_rules.compact.greedy` picks dispatch's strategy from single-dim rows without the
-``rows ** mesh.ndim`` product; :mod:`~dtensor_rules.compact.single_dim` serves every single-dim
-rule that way (the registry installs rules through it); :mod:`~dtensor_rules.compact.rows` does
-the same for ``op_strategy`` rules given as rows (``cat``, ``slice_scatter``). See
-docs/compact_dispatch.md.
-"""
+from __future__ import annotations
+
+import importlib
+import sys
+import warnings
+
+warnings.warn(
+    "dtensor_rules.compact is deprecated: import dtensor_rules.dispatch instead "
+    "(dtensor_rules.compact.greedy -> dtensor_rules.dispatch.greedy, and so on)",
+    DeprecationWarning,
+    stacklevel=2,
+)
+
+_SUBMODULES = ("greedy", "rows", "runnable", "single_dim")
+
+for _name in _SUBMODULES:
+    _module = importlib.import_module(f"dtensor_rules.dispatch.{_name}")
+    sys.modules[f"{__name__}.{_name}"] = _module
+    globals()[_name] = _module

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from dtensor_rules._upstream import maybe_run_for_local_tensor, mesh_coordinate, swap_partial_partition
-from dtensor_rules.compact.greedy import ExactIntegerPartial
+from dtensor_rules.dispatch.greedy import ExactIntegerPartial
 
 ALL_REDUCE_OPS = ("sum", "avg", "max", "min")
 

@@ -48,7 +48,7 @@ R                      R, R             implied
 - Upstream torch 2.13 has no bincount rule, and DTensor dispatch of bincount fails before any
   rule is consulted: its output shape is data-dependent and DTensor computes output metadata
   with fake tensors (``DynamicOutputShapeException``). We therefore also install a custom
-  dispatch handler (``ops/_rule_dispatch.py``) that picks the cheapest strategy of THIS rule,
+  dispatch handler (``dispatch/custom_handler.py``) that picks the cheapest strategy of THIS rule,
   redistributes to it and runs bincount locally; it is sound because no strategy shards the
   output (self is replicated, so every rank's result has the same, global, length).
 """
@@ -67,7 +67,7 @@ from dtensor_rules.core.suite_ref import suite
 from dtensor_rules.costs.formulas.counting import bincount_cost, histc_cost
 from dtensor_rules.ops._common import PlacementOrHole, sym_numel
 from dtensor_rules.ops._gaps import ALIASED_UNPRICED
-from dtensor_rules.ops._rule_dispatch import rule_dispatch
+from dtensor_rules.dispatch.custom_handler import rule_dispatch
 from dtensor_rules.ops._schema_args import row, schema_arg
 from dtensor_rules.ops.scan import linear_partials
 from dtensor_rules.registry import register

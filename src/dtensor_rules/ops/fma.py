@@ -32,7 +32,7 @@ are installed) when inductor defines the op, the way upstream registers its own 
 named patch ``deferred_fma`` (docs/patches.md). ``status()`` lists the rule before that
 (``status().deferred``); ``dtensor_rules.ops.fma.fma`` (the op) defines it on first access.
 
-Dispatch prices at most two strategies built from these rows (:mod:`dtensor_rules.compact`);
+Dispatch prices at most two strategies built from these rows (:mod:`dtensor_rules.dispatch`);
 solver and validator queries see every row over every mesh dim.
 """
 

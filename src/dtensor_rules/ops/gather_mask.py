@@ -3,7 +3,7 @@
 The strategy ``[out, self, index] = [M, Shard(dim), M]`` (``M`` an :class:`IndexMaskPartial`)
 is upstream's masked-partial gather. Its mask is made here, at dispatch, instead of in a
 buffer shared through DTensor's sharding cache (``_upstream/mask.py`` says why). When
-DTensor's propagation picks the strategy (in the cache-miss callback, ``ops/_cache_miss.py``)
+DTensor's propagation picks the strategy (in the cache-miss callback, ``dispatch/cache_miss.py``)
 :func:`finish_masked_gather` computes the result, so the choice is never cached:
 
 1. the index is brought to Replicate on the mesh dims where the strategy masks it (it usually
@@ -44,7 +44,7 @@ from dtensor_rules._upstream import (
     redistribute_args_to,
     wrap_result,
 )
-from dtensor_rules.ops._cache_miss import finish_on_miss, finishing
+from dtensor_rules.dispatch.cache_miss import finish_on_miss, finishing
 from dtensor_rules.ops._common import normalize_dim, size_is, sym_numel
 
 __all__ = ["finish_masked_gather", "mask_row", "mask_row_offered", "mask_row_pays"]

@@ -55,7 +55,7 @@ partials can mix winners, so the sample suites keep such indices unique.
 
 Bool masks through DTensor. torch 2.13's DTensor cannot size ``x[mask]`` in its fake-tensor
 meta step (``aten.nonzero`` has a data-dependent shape) and fails before consulting any rule.
-The ``cache_miss_hook`` patch (:mod:`dtensor_rules.ops._cache_miss`) catches such calls on
+The ``cache_miss_hook`` patch (:mod:`dtensor_rules.dispatch.cache_miss`) catches such calls on
 DTensor's sharding-cache miss (they always miss), checks the mask shapes (torch's IndexError),
 turns each replicated mask into the long index tensors it stands for and runs the call with
 them through this rule. Calls without masks never see it: after their first call they are
@@ -81,7 +81,7 @@ from torch.distributed.tensor.placement_types import Partial, Replicate
 from dtensor_rules.core.suite_ref import suite
 from dtensor_rules.costs.formulas.indexing import index_cost, index_put_cost
 from dtensor_rules.ops._common import PlacementOrHole, size_is
-from dtensor_rules.ops import _cache_miss  # noqa: F401  (registers the cache_miss_hook patch)
+from dtensor_rules.dispatch import cache_miss  # noqa: F401  (registers the cache_miss_hook patch)
 from dtensor_rules.ops._gaps import ALIASED_SAMPLES, ALIASED_UNPRICED, HACKED_TWIN
 from dtensor_rules.registry import register
 

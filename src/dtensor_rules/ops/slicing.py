@@ -76,7 +76,7 @@ Symbolic sizes: emptiness, "full slice" and legacy-empty inputs are decided with
 that need it (fewer strategies, never a wrong one).
 
 Dispatch cost: both rules are ``op_strategy`` rules built by
-:func:`dtensor_rules.compact.rows.rows_strategy`: dispatch prices at most two full-mesh
+:func:`dtensor_rules.dispatch.rows.rows_strategy`: dispatch prices at most two full-mesh
 strategies (the cheapest row per mesh dim from the current layouts, and all-Replicate);
 solvers and the validator, which pass several candidate layouts per input, get every row
 over every mesh dim.
@@ -101,8 +101,8 @@ from dtensor_rules.core.suite_ref import suite
 from dtensor_rules.costs.formulas.indexing import cat_cost, slice_scatter_cost
 from dtensor_rules.ops._casts import cast_partial_ops
 from dtensor_rules.ops._common import PlacementOrHole, normalize_dim
-from dtensor_rules.compact.greedy import Key, flat_inputs, key
-from dtensor_rules.compact.rows import rows_strategy
+from dtensor_rules.dispatch.greedy import Key, flat_inputs, key
+from dtensor_rules.dispatch.rows import rows_strategy
 from dtensor_rules.ops._gaps import ALIASED_UNPRICED
 from dtensor_rules.ops._partial import partial_ops
 from dtensor_rules.registry import register

@@ -19,7 +19,7 @@ Dtypes: the Partial rows need the result in g's own dtype (``input_dtype == g.dt
 that writes ``grad_input`` in another dtype (CUDA's half-to-float path) would round each rank's
 part before the sum (:func:`~dtensor_rules.ops._partial.partial_survives_cast`).
 
-Dispatch prices at most two strategies built from these rows (:mod:`dtensor_rules.compact`);
+Dispatch prices at most two strategies built from these rows (:mod:`dtensor_rules.dispatch`);
 solver and validator queries see every row over every mesh dim.
 """
 

@@ -7,10 +7,10 @@ each one with a redistribute cost per input: ``rows ** mesh.ndim`` strategies (f
 every step. :func:`single_dim_op_strategy` wraps the rule so that:
 
 - a **dispatch** query (every input one plain spec) gets
-  :func:`dtensor_rules.compact.greedy.compact_strategy`: O(mesh dims x rows x inputs), at most
+  :func:`dtensor_rules.dispatch.greedy.compact_strategy`: O(mesh dims x rows x inputs), at most
   two priced strategies;
 - a query with several candidate layouts per input (a solver's) gets every row over every mesh
-  dim (:func:`dtensor_rules.compact.rows.full_expansion`, costs computed on first read);
+  dim (:func:`dtensor_rules.dispatch.rows.full_expansion`, costs computed on first read);
 - one layout per input that is not plain (``_StridedShard``, ``_MaskPartial``, a non-default
   shard order) or no usable compact answer gets upstream's expansion of the same rule, exactly
   what DTensor does with the rule registered as single-dim — so errors are upstream's.
@@ -30,9 +30,9 @@ from torch._ops import OpOverload
 from torch.distributed.tensor.placement_types import Replicate
 
 from dtensor_rules._upstream import OpSchema, OpStrategy, SingleDimStrategyInfo, expand_single_dim_rule
-from dtensor_rules.compact.greedy import Key, Row, compact_strategy, dispatch_inputs, fill, flat_inputs
-from dtensor_rules.compact.rows import full_expansion
-from dtensor_rules.compact.runnable import out_layout_error, runnable_only
+from dtensor_rules.dispatch.greedy import Key, Row, compact_strategy, dispatch_inputs, fill, flat_inputs
+from dtensor_rules.dispatch.rows import full_expansion
+from dtensor_rules.dispatch.runnable import out_layout_error, runnable_only
 
 
 def aliased_inputs(op: OpOverload, op_schema: OpSchema) -> dict[int, int]:

@@ -5,7 +5,7 @@ Replicate or another Shard, and from Partial to Replicate or Shard. It does not 
 Partial (torch 2.13 raises "not supported yet"; 2.14 only Shard -> Partial("sum"), by
 materialising a full-size local tensor) nor one Partial kind -> another, and DTensor's
 ``redistribute_cost`` prices all of these infinite. The compact greedy never picks them
-(:func:`~dtensor_rules.compact.greedy.transition_weight`); when an input written into (an
+(:func:`~dtensor_rules.dispatch.greedy.transition_weight`); when an input written into (an
 ``out=`` tensor, an in-place ``self``) leaves no other strategy, the fallback expansion keeps
 only the strategies dispatch runs (:func:`runnable_only`), and none left is the clear error of
 :func:`out_layout_error` instead of DTensor's failure in the middle of redistributing.
@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dtensor_rules._upstream import SHARD_TO_PARTIAL_SUM_RUNS, DTensorSpec, OpStrategy
-from dtensor_rules.compact.greedy import Key, key
+from dtensor_rules.dispatch.greedy import Key, key
 
 
 def runnable(src: Sequence[Key], dst: Sequence[Key]) -> bool:

@@ -1,7 +1,7 @@
 """``op_strategy`` rules written as single-dim rows that need the inputs' strategies (``cat``,
 ``slice_scatter``: their rows depend on which inputs are Partial right now).
 
-- **dispatch** (every input holds ONE plain spec): :mod:`dtensor_rules.compact.greedy`, at most
+- **dispatch** (every input holds ONE plain spec): :mod:`dtensor_rules.dispatch.greedy`, at most
   two priced strategies.
 - **solvers / the validator** (some input holds several candidate specs) or ``full=True``:
   every row over every mesh dim, expanded by upstream's ``expand_to_full_mesh_op_strategy``,
@@ -25,8 +25,8 @@ from dtensor_rules._upstream import (
 )
 from torch.distributed.tensor.placement_types import Replicate
 
-from dtensor_rules.compact.greedy import Key, Row, compact_strategy, dispatch_inputs, fill, flat_inputs
-from dtensor_rules.compact.runnable import out_layout_error, runnable_only
+from dtensor_rules.dispatch.greedy import Key, Row, compact_strategy, dispatch_inputs, fill, flat_inputs
+from dtensor_rules.dispatch.runnable import out_layout_error, runnable_only
 
 
 def rows_strategy(
@@ -42,7 +42,7 @@ def rows_strategy(
 
     ``full_rows()``: every valid row (all-Replicate implied). ``dispatch_rows(current)``: the
     rows worth scoring given one mesh dim's current input placements (as
-    :func:`~dtensor_rules.compact.greedy.key`\ s; a subset of the valid rows, possibly built
+    :func:`~dtensor_rules.dispatch.greedy.key`\ s; a subset of the valid rows, possibly built
     from ``current``). ``out_input``: index of an ``out=`` tensor among the inputs (never
     redistributed: its placements must be the output's). ``full``: every row over every mesh
     dim even at dispatch (what a solver's cost table wants).
