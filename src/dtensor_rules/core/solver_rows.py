@@ -39,8 +39,9 @@ def is_full_enumeration() -> bool:
 
 def set_full_enumeration(on: bool) -> bool:
     """Turn the full enumeration for solver queries on or off; returns the previous setting."""
+    # nothing to clear: the switch changes only solver queries, which call the strategy functions
+    # directly; dispatch's sharding caches never hold a solver query's answer
     previous, _state["full"] = _state["full"], bool(on)
-    _clear_caches()
     return previous
 
 
@@ -52,12 +53,6 @@ def full_enumeration(on: bool = True) -> Iterator[None]:
         yield
     finally:
         set_full_enumeration(previous)
-
-
-def _clear_caches() -> None:
-    # rows feed DTensor's sharding caches only through dispatch (which this switch does not
-    # change); solver queries call the strategy functions directly, so nothing is cached here
-    return None
 
 
 def is_solver_query(strategies: Sequence[Any]) -> bool:
