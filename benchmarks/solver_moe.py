@@ -10,7 +10,8 @@ with upstream's (``dtensor_rules.uninstall()``), priced by the same functions, s
 compare; "ours-full" is our rules with the solver-mode trim off (the full enumeration switch,
 ``dtensor_rules.core.solver_rows``), what solvers got before issue 19 item 6. Printed per mesh: ILP variables and constraints, CBC solve time, query+pricing time,
 objective (us per step, modelled), and the chosen expert placement; then every parameter's
-layout. No expert-parallel (ragged) placement exists yet, so experts can only be TP/FSDP-style
+layout, run on the small block in fp32 on a simulated mesh of that shape (at most 8 ranks) and
+compared with one device. No expert-parallel (ragged) placement exists yet, so experts can only be TP/FSDP-style
 sharded or replicated here.
 
     python benchmarks/solver_moe.py                  # DeepSeek-V2-Lite-like layer, meshes (8,), (2,4), (4,8)
@@ -21,6 +22,7 @@ sharded or replicated here.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import time
@@ -32,8 +34,9 @@ from torch.distributed.device_mesh import init_device_mesh
 import dtensor_rules
 from dtensor_rules.core.solver_rows import full_enumeration
 from dtensor_rules.models.moe import MoE, MoEConfig
-from dtensor_rules.solver import choose_placements, trace_joint
-from dtensor_rules.testing import fake_world
+from dtensor_rules.solver import apply_choice, choose_placements, trace_joint
+from dtensor_rules.testing import fake_world, simulated_mesh
+from dtensor_rules.testing.mesh import MAX_WORLD
 
 # DeepSeek-V2-Lite: dim 2048, moe_intermediate_size 1408, 64 routed experts, top 6, 2 shared experts
 LITE = MoEConfig(dim=2048, hidden=1408, n_experts=64, top_k=6, n_shared=2, gmm_dtype=torch.bfloat16)
@@ -55,6 +58,7 @@ class Row(NamedTuple):
     objective_us: float
     experts: str
     params: dict
+    applied: str  # max |out - one device| of the small fp32 block run with these layouts, or why not
 
 
 def _pl(layout: tuple) -> str:
@@ -83,10 +87,23 @@ def run(config: MoEConfig, tokens: int, meshes: tuple, cap_fraction: float | Non
                     dtensor_rules.install()
                 experts = "/".join(_pl(c.params[w]) for w in ("w1", "w3", "w2"))
                 rows.append(Row(str(shape), rules, c.variables, c.constraints, c.solve_s, c.query_s, c.objective_us,
-                                experts, {k: _pl(v) for k, v in c.params.items()}))
+                                experts, {k: _pl(v) for k, v in c.params.items()}, _apply(shape, c.params, c.input_layout)))
                 print(f"solver_moe: mesh {shape} {rules}: {c.variables} variables, solved in {c.solve_s:.1f} s"
                       + (f", {len(c.fallbacks)} node(s) without a rule" if c.fallbacks else ""), file=sys.stderr)
     return rows
+
+
+def _apply(shape: tuple, params: dict, input_layout: tuple) -> str:
+    """Run the small block in fp32 with these parameter layouts on a simulated mesh of ``shape``
+    (every rank in this process, real data) and compare with one device."""
+    if math.prod(shape) > MAX_WORLD:
+        return f"not run (simulating {math.prod(shape)} ranks; at most {MAX_WORLD})"
+    config = dataclasses.replace(SMALL, gmm_dtype=None)
+    x = torch.randn(SMALL_TOKENS, config.dim, generator=torch.Generator().manual_seed(0))
+    ref = MoE(config)(x)
+    with simulated_mesh(shape) as mesh:
+        out = apply_choice(MoE(config), mesh, params, x, input_layout).full_tensor()
+    return f"{(out - ref).abs().max().item():.1e}"
 
 
 def _meta_module(config: MoEConfig) -> MoE:
@@ -131,8 +148,9 @@ def main(argv: list[str] | None = None) -> None:
           + ("none" if args.cap is None else f"{args.cap} x replicated parameter bytes"))
     print(table(rows))
     print()
+    print("parameter layouts; applied = the small fp32 block run with them on a simulated mesh, max |out - one device|:")
     for r in rows:
-        print(f"{r.mesh} {r.rules}: " + ", ".join(f"{k} {v}" for k, v in r.params.items()))
+        print(f"{r.mesh} {r.rules}: " + ", ".join(f"{k} {v}" for k, v in r.params.items()) + f"; applied: {r.applied}")
 
 
 if __name__ == "__main__":
