@@ -20,6 +20,7 @@ setup(
     extras_require={
         "test": ["pytest", "pytest-xdist", "hypothesis", "expecttest"],
         "triton": ["triton"],
+        "solver": ["pulp"],  # dtensor_rules.solver: the ILP placement solver (PuLP bundles CBC)
     },
     entry_points={"console_scripts": ["dtensor-rules=dtensor_rules.cli.main:main"]},
 )

@@ -62,6 +62,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from dtensor_rules.core.solver_rows import is_full_enumeration, is_solver_query, trim_strategy
 from dtensor_rules._upstream import (
     DTensorSpec,
     dispatch_with_local_fix,
@@ -191,7 +192,12 @@ def grouped_mm_strategy(op_schema: OpSchema) -> OpStrategy:
     offs = _meta(offs_s) if isinstance(offs_s, OpStrategy) else None
     out_dtype = _arg(op_schema, 4, "out_dtype")
     same_dtype = out_dtype in (None, a.dtype) and a.dtype == b.dtype
+    inputs = [x for x in (a_s, b_s, offs_s) if isinstance(x, OpStrategy)]
     reduce_ops = _carried_reduce_ops(a_s, b_s) if same_dtype else ()
+    if same_dtype and is_solver_query(inputs):
+        # a solver gets the P(sum) linearity rows upstream offers; P(avg) ones (a mean's partial kept
+        # across the experts: no MoE step makes one) only under the full enumeration (core.solver_rows)
+        reduce_ops = ("sum", "avg") if is_full_enumeration() else ("sum",)
     rows = single_dim_strategies(len(a.shape), len(b.shape), offs is not None, reduce_ops)
     if isinstance(bias_s, OpStrategy):  # the kernels reject bias; only all-Replicate, so torch raises its error
         rows = [[Replicate()] * (len(rows[0]) + 1)]
@@ -206,7 +212,7 @@ def grouped_mm_strategy(op_schema: OpSchema) -> OpStrategy:
 
     # allow_unbacked_sharding=False: an unbacked size not known to reach the shard count is not split
     kw = dict(output_tensor_meta=out_meta, input_index=1, allow_uneven_sharding=True, allow_unbacked_sharding=False)
-    strategy = expand_to_mesh(mesh, op_schema, rows, strategy_filter=no_copy_needed, **kw)
+    strategy = trim_strategy(expand_to_mesh(mesh, op_schema, rows, strategy_filter=no_copy_needed, **kw), inputs)
     if not strategy.strategies:  # nothing the kernel accepts: all-Replicate, so torch raises its own stride error
         strategy = expand_to_mesh(mesh, op_schema, rows[:1], **kw)
     return strategy

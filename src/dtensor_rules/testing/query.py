@@ -32,6 +32,7 @@ from dtensor_rules._upstream import (
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 from torch.utils import _pytree as pytree
 
+from dtensor_rules.core.solver_rows import full_enumeration
 from dtensor_rules.testing.aliasing import Aliasing, aliasing, is_inplace
 from dtensor_rules.testing.simulate import NDPlacement, Sample
 
@@ -147,6 +148,14 @@ def active_strategy(op: OpOverload) -> tuple[str, Any] | None:
 
 def emitted_combos(kind: str, fn: Any, op: OpOverload, sample: Sample, mesh: DeviceMesh,
                    inputs_follow_output: bool = False) -> set[Combo]:
+    """All (inputs, outputs) placement combos the strategy function offers for ``sample``, under
+    the full enumeration (``core.solver_rows``): what is proven is every row, not a solver's trim."""
+    with full_enumeration():
+        return _emitted_combos(kind, fn, op, sample, mesh, inputs_follow_output)
+
+
+def _emitted_combos(kind: str, fn: Any, op: OpOverload, sample: Sample, mesh: DeviceMesh,
+                    inputs_follow_output: bool = False) -> set[Combo]:
     """All (inputs, outputs) placement combos the strategy function offers for ``sample``.
 
     For ``out=`` / in-place ops the aliased tensor's runtime placement decides what dispatch

@@ -1,0 +1,95 @@
+"""Prices for the solver: a row's compute time and an edge's redistribution time, in microseconds.
+
+Compute: the package's flop/byte formulas (:func:`dtensor_rules.costs.estimate_call`) on the
+local shapes of the largest shard (rank 0: uneven shards round up there) and the roofline
+runtime of a hardware profile. Redistribution: the ordered-mesh planner's cheapest chain of
+collectives (:func:`dtensor_rules.redistribute.plan`, alpha-beta model), DTensor's own
+``redistribute_cost`` where the planner has no plan. Both sides of a comparison (our rules,
+upstream's) are priced by these same functions, so their objectives are comparable.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import fx
+from torch.distributed.device_mesh import DeviceMesh
+from torch.utils import _pytree as pytree
+
+from dtensor_rules._upstream import DTensorSpec, TensorMeta, compute_local_shape_and_global_offset, redistribute_cost
+from dtensor_rules.costs import OpCost, estimate_call, runtime
+from dtensor_rules.redistribute import plan
+from dtensor_rules.solver.query import Layout, Row
+
+__all__ = ["Pricer", "local_bytes"]
+
+INF = math.inf
+
+
+def local_shape(meta: TensorMeta, mesh: DeviceMesh, layout: Layout) -> tuple[int, ...]:
+    """Rank 0's local shape: the largest shard of ``meta`` laid out as ``layout``."""
+    shape, _ = compute_local_shape_and_global_offset(meta.shape, tuple(mesh.shape), [0] * mesh.ndim, layout)
+    return tuple(shape)
+
+
+def local_bytes(meta: TensorMeta, mesh: DeviceMesh, layout: Layout) -> int:
+    """Bytes rank 0 holds of a tensor laid out as ``layout`` (what a memory cap counts)."""
+    return math.prod(local_shape(meta, mesh, layout)) * meta.dtype.itemsize
+
+
+class Pricer:
+    """Memoized compute and edge prices on one mesh and hardware profile."""
+
+    def __init__(self, mesh: DeviceMesh, hardware: str = "h100") -> None:
+        self.mesh = mesh
+        self.hardware = hardware
+        self._edge: dict[tuple, float] = {}
+        self._compute: dict[tuple, float] = {}
+
+    def edge_us(self, meta: TensorMeta, src: Layout, dst: Layout) -> float:
+        """Time to move a tensor from ``src`` to ``dst`` (0 when equal; inf when impossible)."""
+        if src == dst:
+            return 0.0
+        key = (tuple(meta.shape), meta.dtype, src, dst)
+        cost = self._edge.get(key)
+        if cost is None:
+            cost = self._edge[key] = self._edge_uncached(meta, src, dst)
+        return cost
+
+    def _edge_uncached(self, meta: TensorMeta, src: Layout, dst: Layout) -> float:
+        try:
+            return float(plan(self.mesh, tuple(meta.shape), meta.dtype, src, dst).cost_us)
+        except Exception:  # noqa: BLE001  no plan (e.g. a Partial kind the planner does not move)
+            pass
+        try:
+            return float(redistribute_cost(DTensorSpec(self.mesh, src, tensor_meta=meta),
+                                           DTensorSpec(self.mesh, dst, tensor_meta=meta)))
+        except Exception:  # noqa: BLE001  DTensor cannot move it either
+            return INF
+
+    def compute_us(self, node: fx.Node, row: Row, metas: tuple[TensorMeta, ...]) -> float:
+        """Roofline time of ``node`` on rank 0's local inputs under ``row``."""
+        locals_ = tuple(local_shape(m, self.mesh, lay) for m, lay in zip(metas, row.ins))
+        key = (node.target, locals_, tuple(m.dtype for m in metas), _static_args(node))
+        cost = self._compute.get(key)
+        if cost is None:
+            cost = self._compute[key] = self._compute_uncached(node, locals_, metas)
+        return cost
+
+    def _compute_uncached(self, node: fx.Node, shapes: tuple, metas: tuple[TensorMeta, ...]) -> float:
+        tensors = iter([torch.empty(s, dtype=m.dtype, device="meta") for s, m in zip(shapes, metas)])
+        args, kwargs = pytree.tree_map(lambda a: next(tensors) if isinstance(a, fx.Node) else a, (node.args, node.kwargs))
+        try:
+            cost = estimate_call(node.target, args, kwargs, fallback=True)
+        except Exception:  # noqa: BLE001  an op the formulas cannot price at these local shapes: memory-bound
+            moved = sum(math.prod(s) * m.dtype.itemsize for s, m in zip(shapes, metas))
+            cost = OpCost(flops=0, bytes_read=moved, bytes_written=moved)
+        return runtime(cost, self.hardware) * 1e6
+
+
+def _static_args(node: fx.Node) -> Any:
+    leaves = pytree.tree_leaves((node.args, node.kwargs))
+    return tuple(None if isinstance(a, fx.Node) else (a if isinstance(a, (int, float, bool, str, type(None))) else str(a))
+                 for a in leaves)

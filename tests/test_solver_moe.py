@@ -1,0 +1,132 @@
+"""The placement solver (dtensor_rules.solver) on small cases: its choice is consistent and
+optimal, respects the memory cap, and the chosen placements run and equal one device."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard
+
+import dtensor_rules
+from dtensor_rules.models.moe import MoE, MoEConfig
+from dtensor_rules.solver import apply_choice, build_problem, choose_placements, query_graph, solve, trace_joint
+from dtensor_rules.solver.price import Pricer
+from dtensor_rules.testing import fake_world, simulated_mesh
+
+# bf16 experts: the CPU meta kernel of _grouped_mm (what fake tracing runs) is bf16-only
+TRACE = MoEConfig(dim=16, hidden=32, n_experts=4, top_k=2, gmm_dtype=torch.bfloat16)
+RUN = MoEConfig(dim=16, hidden=32, n_experts=4, top_k=2)  # the same block in fp32 for the oracle
+TOKENS = 32
+
+
+def _param_bytes(module: nn.Module, layouts: dict, mesh_shape: tuple[int, ...]) -> int:
+    """Rank 0's parameter bytes, from the layouts alone (ceil division per sharded dim)."""
+    total = 0
+    for name, p in module.named_parameters():
+        shape = list(p.shape)
+        for size, pl in zip(mesh_shape, layouts[name]):
+            if isinstance(pl, Shard):
+                shape[pl.dim] = -(-shape[pl.dim] // size)
+        total += math.prod(shape) * p.dtype.itemsize
+    return total
+
+
+@pytest.fixture(scope="module")
+def joint():
+    model = MoE(TRACE)
+    return model, trace_joint(model, torch.randn(TOKENS, TRACE.dim))
+
+
+def test_tight_memory_cap_forces_sharded_experts_and_the_choice_runs(joint) -> None:
+    model, jg = joint
+    with fake_world(4):
+        mesh = init_device_mesh("cpu", (4,))
+        free = choose_placements(model, None, mesh, joint=jg)
+        replicated = _param_bytes(model, {n: (Replicate(),) for n, _ in model.named_parameters()}, (4,))
+        cap = replicated // 2
+        tight = choose_placements(model, None, mesh, joint=jg, memory_cap=cap)
+    assert free.fallbacks == () and tight.fallbacks == ()  # every op of the step has a rule
+    assert _param_bytes(model, tight.params, (4,)) <= cap
+    assert tight.objective_us >= free.objective_us
+    experts = [tight.params[w] for w in ("w1", "w2", "w3")]
+    assert any(any(isinstance(p, Shard) for p in lay) for lay in experts), experts
+    # the chosen parameter placements run under DTensor and compute what one device computes
+    x = torch.randn(TOKENS, RUN.dim, generator=torch.Generator().manual_seed(5))
+    ref = MoE(RUN)(x)
+    with simulated_mesh((4,)) as sim:
+        out = apply_choice(MoE(RUN), sim, tight.params, x, tight.input_layout)
+        torch.testing.assert_close(out.full_tensor(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_ilp_objective_is_the_brute_force_minimum_on_a_tiny_graph() -> None:
+    class Scale(nn.Module):  # y = (x * w).relu(): a handful of nodes, every row enumerable
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(8, 4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(x * self.w)
+
+    jg = trace_joint(Scale(), torch.randn(8, 4))
+    with fake_world(2):
+        mesh = init_device_mesh("cpu", (2,))
+        ph = [n.name for n in jg.graph.graph.nodes if n.op == "placeholder"]
+        strategies = query_graph(jg.graph, mesh, {ph[-2]: [(Shard(0),)], ph[-1]: [(Shard(0),)]})
+        problem = build_problem(jg, strategies, Pricer(mesh), mesh)
+        sol = solve(problem)
+    names = list(problem.choices)
+    sizes = [len(problem.choices[n].rows) for n in names]
+    assert math.prod(sizes) < 200_000, sizes
+    best = math.inf
+    for pick in itertools.product(*[range(s) for s in sizes]):
+        choice = dict(zip(names, pick))
+        if any(choice[a] != choice[b] for a, b in problem.ties):
+            continue
+        cost = sum(problem.choices[n].compute_us[o] for n, o in choice.items())
+        for e in problem.edges:  # what the consumer's row needs, from what the producer's row outputs
+            u = e.producer_u[choice[e.producer]]
+            cost += math.inf if u is None else e.cost[choice[e.consumer]][u]
+        best = min(best, cost)
+    assert math.isfinite(best)
+    assert sol.objective_us == pytest.approx(best, rel=1e-6, abs=1e-6)
+
+
+def test_upstream_rules_are_asked_after_uninstall(joint) -> None:
+    model, jg = joint
+    with fake_world(4):
+        mesh = init_device_mesh("cpu", (4,))
+        ours = query_graph(jg.graph, mesh)
+        dtensor_rules.uninstall()
+        try:
+            upstream = query_graph(jg.graph, mesh)
+        finally:
+            dtensor_rules.install()
+    # scatter_add / gather: our rules add the index-sharded (Partial-output) rows upstream lacks
+    ops = [n for n, r in ours.nodes.items() if str(r.target) in ("aten.scatter_add.default", "aten.gather.default")]
+    assert ops
+    assert all(len(ours.nodes[n].rows) > len(upstream.nodes[n].rows) for n in ops)
+
+
+def test_solver_mode_rows_cost_at_most_ten_percent_more_variables_and_no_worse_objective(joint) -> None:
+    """Issue 19 item 6 on the small block: ours (trimmed) vs upstream's rules vs ours in full."""
+    from dtensor_rules.core.solver_rows import full_enumeration
+
+    model, jg = joint
+    with fake_world(4):
+        mesh = init_device_mesh("cpu", (4,))
+        ours = choose_placements(model, None, mesh, joint=jg)
+        with full_enumeration():
+            full = choose_placements(model, None, mesh, joint=jg)
+        dtensor_rules.uninstall()
+        try:
+            upstream = choose_placements(model, None, mesh, joint=jg)
+        finally:
+            dtensor_rules.install()
+    assert ours.variables <= 1.1 * upstream.variables < full.variables
+    assert ours.objective_us <= upstream.objective_us * (1 + 1e-9)
+    assert ours.objective_us <= full.objective_us * (1 + 1e-6)  # a dominated row is never the cheaper one
