@@ -32,6 +32,8 @@ SHIPPED = {
     "checkpoint_shard_order": True,
     "flop_registry": True,
     "deferred_fma": True,
+    "ragged_redistribute": True,
+    "ragged_guard": True,
 }
 
 
@@ -91,6 +93,7 @@ import torch.distributed.tensor._ops._pointwise_ops as pointwise
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.distributed.tensor.placement_types import Partial
+from torch.distributed.tensor import _api, _dispatch, _redistribute
 
 def snapshot():
     d = DTensor._op_dispatcher
@@ -105,6 +108,9 @@ def snapshot():
         "meta_step": vars(p).get("_propagate_tensor_meta_non_cached"),
         "inductor_prims": pointwise.register_inductor_prims,
         "meta_path": list(sys.meta_path),
+        "redistribute": DTensor.__dict__["redistribute"],
+        "redistribute_local": [m.redistribute_local_tensor for m in (_redistribute, _dispatch, _api)],
+        "distribute": [_api.distribute_tensor, torch.distributed.tensor.distribute_tensor],
         "handlers": dict(d._custom_op_handlers),
         **{r: dict(getattr(p, r)) for r in regs},
     }
@@ -132,7 +138,8 @@ def test_uninstall_gives_back_torchs_own_objects_and_later_imports_stay_pristine
         import dtensor_rules
         installed = snapshot()
         changed = same(pristine, installed)
-        assert {"tracker", "partition", "shallow_copy", "slow_path", "meta_step", "inductor_prims", "meta_path"} <= set(changed), changed
+        assert {"tracker", "partition", "shallow_copy", "slow_path", "meta_step", "inductor_prims", "meta_path", "redistribute",
+                "redistribute_local", "distribute"} <= set(changed), changed
         dtensor_rules.uninstall()
         assert same(pristine, snapshot()) == [], same(pristine, snapshot())
         assert all(s.state == "off" for s in dtensor_rules.status().patches.values())
