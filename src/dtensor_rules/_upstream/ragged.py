@@ -31,10 +31,11 @@ import torch
 from torch.distributed.tensor import Shard
 from torch.distributed.tensor import _api, _dispatch, _redistribute
 import torch.distributed.tensor as dtensor_module
-from torch.distributed._local_tensor import LocalTensor, LocalTensorMode
+from torch.distributed._local_tensor import LocalTensor, LocalTensorMode, local_tensor_mode
+from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["Binding", "RaggedPlacementError", "ShardSubclass", "distribute_bindings", "redistribute_bindings",
-           "on_local_tensor_mode", "is_local_tensor"]
+           "on_local_tensor_mode", "is_local_tensor", "coordinate_tensor"]
 
 
 class RaggedPlacementError(RuntimeError):
@@ -108,7 +109,28 @@ def on_local_tensor_mode(op: Any, impl: Callable[..., Any]) -> None:
     """
 
     def rule(mode: Any, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
-        with mode:
-            return impl(*args, **(kwargs or {}))
+        # not ``with mode``: re-entering the same LocalTensorMode instance leaves it disabled on exit
+        return impl(*args, **(kwargs or {}))
 
     torch.library.register_torch_dispatch(op, LocalTensorMode, rule)
+
+
+def coordinate_tensor(mesh: DeviceMesh, mesh_dim: int) -> torch.Tensor:
+    """This rank's coordinate on ``mesh_dim`` as a 0-d int64 tensor (per simulated rank under LocalTensorMode).
+
+    A tensor, not a SymInt: a simulated rank's SymInt cannot be saved for a custom op's backward.
+    """
+    lm = local_tensor_mode()
+    if lm is None:
+        return torch.tensor(mesh.get_local_rank(mesh_dim), dtype=torch.int64)
+    shape = tuple(mesh.mesh.shape)
+    coord = {rank: _unravel(i, shape)[mesh_dim] for i, rank in enumerate(mesh.mesh.flatten().tolist())}
+    return lm.rank_map(lambda r: torch.tensor(coord[r], dtype=torch.int64))
+
+
+def _unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    for size in reversed(shape):
+        out.append(index % size)
+        index //= size
+    return tuple(reversed(out))

@@ -17,8 +17,7 @@ from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate
 
-from dtensor_rules._upstream import mesh_coordinate
-from dtensor_rules._upstream.ragged import RaggedPlacementError
+from dtensor_rules._upstream.ragged import RaggedPlacementError, coordinate_tensor
 from dtensor_rules.ragged.context import (
     RaggedContext,
     attach,
@@ -105,7 +104,7 @@ def gather(x: DTensor, counts: DTensor | None = None, mesh_dim: int | None = Non
     """Either ragged layout -> ``Replicate`` on the EP mesh dim (an all-gather with sizes). Backward: a local select."""
     ctx = context_for(x, counts, mesh_dim)
     p = _ragged_at(x, ctx, aligned=None)
-    rank = mesh_coordinate(x.device_mesh, ctx.mesh_dim)
+    rank = coordinate_tensor(x.device_mesh, ctx.mesh_dim)
     local = ragged_all_gather(_rows_first(x, p.dim), full_counts(ctx), ctx.ep, p.aligned, x.shape[p.dim], rank,
                               group_of(ctx))
     return _wrap(local, x, p.dim, ctx.mesh_dim, Replicate(), ctx)
@@ -118,7 +117,7 @@ def _select(x: DTensor, ctx: RaggedContext, target: RaggedShard) -> DTensor:
         raise ValueError(f"{target!r} has {target.num_partitions} partitions but counts has {ctx.num_partitions}")
     if x.shape[target.dim] != _total_rows(ctx):
         raise ValueError(f"dim {target.dim} has {x.shape[target.dim]} rows but the counts route {_total_rows(ctx)}")
-    rank = mesh_coordinate(x.device_mesh, ctx.mesh_dim)
+    rank = coordinate_tensor(x.device_mesh, ctx.mesh_dim)
     local = ragged_select(_rows_first(x, target.dim), full_counts(ctx), ctx.ep, target.aligned, rank, group_of(ctx))
     return _wrap(local, x, target.dim, ctx.mesh_dim, target, ctx)
 

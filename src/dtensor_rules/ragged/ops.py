@@ -47,9 +47,10 @@ def _pad_rows(x: Tensor, rows: int) -> Tensor:
 
 
 @maybe_run_for_local_tensor
-def _select_rows(full: Tensor, counts: Tensor, rank: int, aligned: bool) -> Tensor:
-    total = int(rank_sizes(counts, aligned)[rank])
-    return full.index_select(0, global_rows_of_rank(counts, rank, aligned, total))
+def _select_rows(full: Tensor, counts: Tensor, rank: Tensor, aligned: bool) -> Tensor:
+    r = int(rank)
+    total = int(rank_sizes(counts, aligned)[r])
+    return full.index_select(0, global_rows_of_rank(counts, r, aligned, total))
 
 
 @maybe_run_for_local_tensor
@@ -72,7 +73,7 @@ def _exchange(x: Tensor, counts: Tensor, recv_counts: Tensor, ep: int, to_aligne
     return _a2a(_regroup(x, recv.t()), splits[ep:], splits[:ep], group)
 
 
-def _all_gather(x: Tensor, counts: Tensor, ep: int, aligned: bool, rows: int, rank: int, group: str) -> Tensor:
+def _all_gather(x: Tensor, counts: Tensor, ep: int, aligned: bool, rows: int, rank: Tensor, group: str) -> Tensor:
     sizes = rank_sizes(counts, aligned).tolist()  # the same on every rank
     top = max(sizes)
     gathered = funcol.wait_tensor(funcol.all_gather_single(_pad_rows(x.contiguous(), top), 0, group))
@@ -80,7 +81,7 @@ def _all_gather(x: Tensor, counts: Tensor, ep: int, aligned: bool, rows: int, ra
     return rank_major if aligned else _reorder_global(rank_major, counts)
 
 
-def _select(full: Tensor, counts: Tensor, ep: int, aligned: bool, rank: int, group: str) -> Tensor:
+def _select(full: Tensor, counts: Tensor, ep: int, aligned: bool, rank: Tensor, group: str) -> Tensor:
     return _select_rows(full, counts, rank, aligned)
 
 
@@ -91,13 +92,13 @@ def ragged_exchange(x: Tensor, counts: Tensor, recv_counts: Tensor, ep: int, to_
 
 
 @torch.library.custom_op("dtensor_rules::ragged_all_gather", mutates_args=())
-def ragged_all_gather(x: Tensor, counts: Tensor, ep: int, aligned: bool, rows: int, rank: int, group: str) -> Tensor:
+def ragged_all_gather(x: Tensor, counts: Tensor, ep: int, aligned: bool, rows: int, rank: Tensor, group: str) -> Tensor:
     """Every rank's rows -> the ``rows`` global rows, partition-major."""
     return _all_gather(x, counts, ep, aligned, rows, rank, group)
 
 
 @torch.library.custom_op("dtensor_rules::ragged_select", mutates_args=())
-def ragged_select(full: Tensor, counts: Tensor, ep: int, aligned: bool, rank: int, group: str) -> Tensor:
+def ragged_select(full: Tensor, counts: Tensor, ep: int, aligned: bool, rank: Tensor, group: str) -> Tensor:
     """The global rows -> this rank's rows in the layout."""
     return _select(full, counts, ep, aligned, rank, group)
 
@@ -113,12 +114,12 @@ def _exchange_fake(x: Tensor, counts: Tensor, recv_counts: Tensor, ep: int, to_a
 
 
 @ragged_all_gather.register_fake
-def _all_gather_fake(x: Tensor, counts: Tensor, ep: int, aligned: bool, rows: int, rank: int, group: str) -> Tensor:
+def _all_gather_fake(x: Tensor, counts: Tensor, ep: int, aligned: bool, rows: int, rank: Tensor, group: str) -> Tensor:
     return x.new_empty((rows, *x.shape[1:]))
 
 
 @ragged_select.register_fake
-def _select_fake(full: Tensor, counts: Tensor, ep: int, aligned: bool, rank: int, group: str) -> Tensor:
+def _select_fake(full: Tensor, counts: Tensor, ep: int, aligned: bool, rank: Tensor, group: str) -> Tensor:
     return _unbacked_rows(full)
 
 
@@ -133,24 +134,24 @@ def _exchange_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
 
 
 def _gather_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-    _x, counts, ctx.ep, ctx.aligned, _rows, ctx.rank, ctx.group = inputs
-    ctx.save_for_backward(counts)
+    _x, counts, ctx.ep, ctx.aligned, _rows, rank, ctx.group = inputs
+    ctx.save_for_backward(counts, rank)
 
 
 def _gather_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
-    (counts,) = ctx.saved_tensors
-    return (ragged_select(grad, counts, ctx.ep, ctx.aligned, ctx.rank, ctx.group),) + (None,) * 6
+    counts, rank = ctx.saved_tensors
+    return (ragged_select(grad, counts, ctx.ep, ctx.aligned, rank, ctx.group),) + (None,) * 6
 
 
 def _select_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-    full, counts, ctx.ep, ctx.aligned, ctx.rank, ctx.group = inputs
+    full, counts, ctx.ep, ctx.aligned, rank, ctx.group = inputs
     ctx.rows = full.shape[0]
-    ctx.save_for_backward(counts)
+    ctx.save_for_backward(counts, rank)
 
 
 def _select_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
-    (counts,) = ctx.saved_tensors
-    return (ragged_all_gather(grad, counts, ctx.ep, ctx.aligned, ctx.rows, ctx.rank, ctx.group),) + (None,) * 5
+    counts, rank = ctx.saved_tensors
+    return (ragged_all_gather(grad, counts, ctx.ep, ctx.aligned, ctx.rows, rank, ctx.group),) + (None,) * 5
 
 
 ragged_exchange.register_autograd(_exchange_backward, setup_context=_exchange_setup)
