@@ -38,3 +38,37 @@ def test_exchange_compiles_once_for_two_routings_as_one_node() -> None:
     assert counter.frame_count == 1
     calls = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
     assert calls.count(torch.ops.dtensor_rules.ragged_exchange.default) == 1, calls
+
+
+def test_dtensor_dispatch_compiles_once_for_two_routings() -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from dtensor_rules import ragged
+    from dtensor_rules.ragged import RaggedShard
+
+    torch._dynamo.reset()
+    graphs: list[torch.fx.GraphModule] = []
+    counter = CompileCounter()
+
+    def backend(gm: torch.fx.GraphModule, inputs: list) -> object:
+        graphs.append(gm)
+        return counter(gm, inputs)
+
+    with fake_world(2), torch._dynamo.config.patch(capture_scalar_outputs=True):
+        mesh = init_device_mesh("cpu", (2,))
+
+        def make(rows: int, counts: list[int]) -> tuple[DTensor, DTensor]:
+            x = DTensor.from_local(torch.randn(rows, 8), mesh, (RaggedShard(0, 4, False),), run_check=False,
+                                   shape=(11, 8), stride=(8, 1))
+            return x, ragged.counts_from_local(torch.tensor(counts), mesh, 0)
+
+        def block(x: DTensor, counts: DTensor) -> torch.Tensor:
+            return ragged.dispatch(x, counts).to_local() * 2
+
+        f = torch.compile(block, backend=backend, fullgraph=True, dynamic=True)
+        f(*make(6, [3, 0, 2, 1]))
+        f(*make(5, [1, 4, 0, 0]))
+    assert counter.frame_count == 1
+    calls = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert calls.count(torch.ops.dtensor_rules.ragged_exchange.default) == 1, calls

@@ -28,12 +28,15 @@ __all__ = ["RaggedShard", "is_ragged", "ragged_mesh_dims"]
 class RaggedShard(ShardSubclass):
     """``Shard(dim)`` split into ``num_partitions`` expert partitions, unaligned or aligned."""
 
-    def __init__(self, dim: int, num_partitions: int, aligned: bool) -> None:
+    def __init__(self, dim: int, num_partitions: int, aligned: bool, _other: RaggedShard | None = None) -> None:
         if not isinstance(num_partitions, int) or num_partitions < 1:
             raise ValueError(f"RaggedShard needs num_partitions >= 1 (the number of experts), got {num_partitions!r}")
         super().__init__(dim)
         self.num_partitions = num_partitions
         self.aligned = bool(aligned)
+        # the other layout, made here so that traced code (a move under torch.compile) never constructs a
+        # placement: Dynamo would see the ints read from this one as SymInts and refuse the constructor
+        self._other = _other if _other is not None else RaggedShard(dim, num_partitions, not aligned, self)
 
     def _ctor_args(self) -> tuple[Any, ...]:
         return (self.dim, self.num_partitions, self.aligned)
@@ -49,8 +52,8 @@ class RaggedShard(ShardSubclass):
                 "moves read the counts from the tensor's RaggedContext")
 
     def with_aligned(self, aligned: bool) -> RaggedShard:
-        """The same partitions in the other layout."""
-        return RaggedShard(self.dim, self.num_partitions, aligned)
+        """The same partitions in the given layout."""
+        return self if aligned == self.aligned else self._other
 
     def __eq__(self, other: object) -> bool:
         return type(other) is RaggedShard and self._ctor_args() == other._ctor_args()
