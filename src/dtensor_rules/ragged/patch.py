@@ -26,14 +26,9 @@ from dtensor_rules._upstream.ragged import RaggedPlacementError, distribute_bind
 from dtensor_rules.patches import Patch, register
 from dtensor_rules.ragged.placement import is_ragged
 
-__all__ = ["original_redistribute"]
+__all__: list[str] = []
 
 _orig: dict[str, Any] = {}
-
-
-def original_redistribute() -> Callable[..., DTensor]:
-    """Upstream's ``DTensor.redistribute`` (whether or not the patch is on)."""
-    return _orig.get("redistribute", DTensor.redistribute)
 
 
 def _has_ragged(placements: Sequence[Any] | None) -> bool:

@@ -101,7 +101,7 @@ def _plan_args(others: tuple, src_placements: Sequence[Placement], dst_placement
         if src_device_order is not None or dst_device_order is not None or max_peak_bytes is not None:
             raise ValueError("a ragged plan takes the default device order and no memory cap")
         return ragged_plan(mesh_shape, shape, dtype, src_placements, dst_placements,
-                           topology or _uniform(len(mesh_shape)))
+                           topology or _uniform(len(mesh_shape)), plan)
     ndim = len(tuple(shape))
     src = Layout.from_placements(src_placements, ndim, src_device_order)
     dst = Layout.from_placements(dst_placements, ndim, dst_device_order)

@@ -22,7 +22,7 @@ planner with Replicate on ``m``: after the all-gather, or before the select.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -100,10 +100,12 @@ def _local_row_bytes(shape: Sequence[int], dtype: torch.dtype, placements: Seque
 
 
 def ragged_plan(mesh_shape: Sequence[int], shape: Sequence[int], dtype: torch.dtype, src: Sequence[Placement],
-                dst: Sequence[Placement], topology: Topology, *, skew: float = 1.0, sync_us: float = 0.0) -> Plan:
-    """The plan between layouts where either side has a ``RaggedShard`` (on one mesh dim)."""
-    from dtensor_rules.redistribute.api import plan as plain_plan
+                dst: Sequence[Placement], topology: Topology, plain_plan: Callable[..., Plan], *, skew: float = 1.0,
+                sync_us: float = 0.0) -> Plan:
+    """The plan between layouts where either side has a ``RaggedShard`` (on one mesh dim).
 
+    ``plain_plan``: the ordinary ``plan()``, for the other mesh dims (passed in: api imports this module).
+    """
     src, dst, mesh_shape, shape = tuple(src), tuple(dst), tuple(mesh_shape), tuple(shape)
     dims = sorted({m for m, p in enumerate(src) if is_ragged(p)} | {m for m, p in enumerate(dst) if is_ragged(p)})
     if len(dims) != 1:
