@@ -8,6 +8,8 @@ op, not a guard on the routing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from torch._dynamo.testing import CompileCounter
@@ -17,7 +19,8 @@ from dtensor_rules.ragged.ops import ragged_exchange
 from dtensor_rules.testing.mesh import fake_world
 
 
-def test_exchange_compiles_once_for_two_routings_as_one_node() -> None:
+def _recording_backend() -> tuple[list[torch.fx.GraphModule], CompileCounter, Callable[..., object]]:
+    """A fresh Dynamo state and a backend that keeps every graph and counts frames."""
     torch._dynamo.reset()
     graphs: list[torch.fx.GraphModule] = []
     counter = CompileCounter()
@@ -26,6 +29,11 @@ def test_exchange_compiles_once_for_two_routings_as_one_node() -> None:
         graphs.append(gm)
         return counter(gm, inputs)
 
+    return graphs, counter, backend
+
+
+def test_exchange_compiles_once_for_two_routings_as_one_node() -> None:
+    graphs, counter, backend = _recording_backend()
     with fake_world(2), torch._dynamo.config.patch(capture_scalar_outputs=True):
         group = dist.group.WORLD.group_name
 
@@ -47,14 +55,7 @@ def test_dtensor_dispatch_compiles_once_for_two_routings() -> None:
     from dtensor_rules import ragged
     from dtensor_rules.ragged import RaggedShard
 
-    torch._dynamo.reset()
-    graphs: list[torch.fx.GraphModule] = []
-    counter = CompileCounter()
-
-    def backend(gm: torch.fx.GraphModule, inputs: list) -> object:
-        graphs.append(gm)
-        return counter(gm, inputs)
-
+    graphs, counter, backend = _recording_backend()
     with fake_world(2), torch._dynamo.config.patch(capture_scalar_outputs=True):
         mesh = init_device_mesh("cpu", (2,))
 

@@ -28,7 +28,7 @@ from typing import NamedTuple
 import torch
 from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
 
-from dtensor_rules.ragged.placement import RaggedShard, is_ragged
+from dtensor_rules.ragged.placement import is_ragged
 from dtensor_rules.redistribute.layout import Layout
 from dtensor_rules.redistribute.steps import NoPlanError, Plan, Step
 from dtensor_rules.redistribute.topology import Topology
