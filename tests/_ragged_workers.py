@@ -42,3 +42,27 @@ def ragged_worker(rank: int, world_size: int) -> dict[str, object]:
         "grad": torch.allclose(rep.grad.to_local(), full.cos() * w),
         "local_rows": [x.to_local().shape[0], y.to_local().shape[0]],
     }
+
+
+def ragged_checkpoint_worker(rank: int, world_size: int, folder: str) -> dict[str, object]:
+    """Save an aligned ragged DTensor with DCP, load it into a Replicate one; an unaligned save is refused."""
+    import torch.distributed.checkpoint as dcp
+
+    from dtensor_rules._upstream.ragged import RaggedPlacementError
+
+    C = CASES[world_size]
+    n = sum(map(sum, C))
+    full = torch.arange(n * 3, dtype=torch.float32).reshape(n, 3)
+    mesh = init_device_mesh("cpu", (world_size,))
+    counts = ragged.counts_from_local(torch.tensor(C[rank]), mesh, 0)
+    x = ragged.distribute(full, mesh, counts, 0)
+    y = ragged.dispatch(x)
+    dcp.save({"rows": y}, checkpoint_id=folder)
+    target = distribute_tensor(torch.zeros(n, 3), mesh, [Replicate()])
+    dcp.load({"rows": target}, checkpoint_id=folder)
+    try:
+        dcp.save({"rows": x}, checkpoint_id=folder + "_unaligned")
+        refused = ""
+    except BaseException as err:  # DCP wraps a rank's exception in CheckpointException (a BaseException)
+        refused = "DCP" if ("not a box" in str(err) or isinstance(err, RaggedPlacementError)) else repr(err)[:300]
+    return {"loaded": torch.equal(target.to_local(), full), "unaligned_refused": refused}

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate
@@ -28,6 +29,7 @@ from dtensor_rules.ragged.context import (
     make_context,
     received_counts,
 )
+from dtensor_rules.ragged.checkpoint import make_checkpointable
 from dtensor_rules.ragged.ops import ragged_all_gather, ragged_exchange, ragged_select
 from dtensor_rules.ragged.placement import RaggedShard, is_ragged, ragged_mesh_dims
 
@@ -74,6 +76,8 @@ def _wrap(local_rows_first: Tensor, like: DTensor, dim: int, mesh_dim: int, plac
     placements[mesh_dim] = placement
     out = DTensor.from_local(local_rows_first.movedim(0, dim), like.device_mesh, placements, run_check=False,
                              shape=like.shape, stride=like.stride())
+    if is_ragged(placement) and placement.aligned and not torch.compiler.is_compiling():
+        make_checkpointable(out, ctx)  # eager only: Dynamo cannot trace binding methods on a tensor
     return attach(out, ctx)
 
 
