@@ -35,6 +35,8 @@ SHIPPED = {
     "flop_registry": True,
     "deferred_fma": True,
     "per_rank_generators": True,
+    "ragged_redistribute": True,
+    "ragged_guard": True,
 }
 
 
@@ -125,6 +127,7 @@ import torch.distributed._local_tensor as local_tensor
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.distributed.tensor.placement_types import Partial
+from torch.distributed.tensor import _api, _dispatch, _redistribute
 
 def snapshot():
     d = DTensor._op_dispatcher
@@ -141,6 +144,9 @@ def snapshot():
         "per_rank_run": local_tensor._for_each_rank_run_func,
         "per_rank_map": local_tensor._map_to_rank_local_val,
         "meta_path": list(sys.meta_path),
+        "redistribute": DTensor.__dict__["redistribute"],
+        "redistribute_local": [m.redistribute_local_tensor for m in (_redistribute, _dispatch, _api)],
+        "distribute": [_api.distribute_tensor, torch.distributed.tensor.distribute_tensor],
         "handlers": dict(d._custom_op_handlers),
         **{r: dict(getattr(p, r)) for r in regs},
     }
@@ -169,7 +175,7 @@ def test_uninstall_gives_back_torchs_own_objects_and_later_imports_stay_pristine
         installed = snapshot()
         changed = same(pristine, installed)
         assert {"tracker", "partition", "shallow_copy", "slow_path", "meta_step", "inductor_prims", "meta_path",
-                "per_rank_run", "per_rank_map"} <= set(changed), changed
+                "per_rank_run", "per_rank_map", "redistribute", "redistribute_local", "distribute"} <= set(changed), changed
         dtensor_rules.uninstall()
         assert same(pristine, snapshot()) == [], same(pristine, snapshot())
         assert all(s.state == "off" for s in dtensor_rules.status().patches.values())
