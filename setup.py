@@ -20,6 +20,9 @@ setup(
     extras_require={
         "test": ["pytest", "pytest-xdist", "hypothesis", "expecttest"],
         "triton": ["triton"],
+        # torchtitan's MoE as an expert_parallel target and its custom ops' DTensor rules;
+        # torchtitan imports triton without declaring it
+        "torchtitan": ["torchtitan", "triton"],
     },
     entry_points={"console_scripts": ["dtensor-rules=dtensor_rules.cli.main:main"]},
 )
