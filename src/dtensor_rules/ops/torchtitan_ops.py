@@ -31,7 +31,9 @@ P(max) / P(min)          P(op), R, R            out + c with c identical on all 
 =======================  =====================  ==========================================================
 
 silu_and_mul(gate, up, offsets=None) = ``silu(gate) * up`` in float32, cast to gate's dtype,
-for the rows before ``offsets[-1]`` (later rows are not written) — ``[out, gate, up(, offsets)]``:
+for the rows before ``offsets[-1]`` (later rows are not written: whatever the output held, so no
+layout may make a rank compute rows the single device does not, nor skip rows it does) —
+``[out, gate, up(, offsets)]``; offsets is always R (its values are global row numbers):
 
 =======================  =====================  ==========================================================
 out                      gate, up (offsets)     why it is valid
@@ -52,7 +54,8 @@ grad_gate, grad_up       grad, gate, up         why it is valid
 S(0), S(0)               S(0), S(0), S(0)       rows are independent; only without offsets
 S(1), S(1)               S(1), S(1), S(1)       columns are independent (offsets R)
 P(op), P(op)             P(op), R, R            both outputs are linear in grad (op sum or avg)
-P(op), R                 R, R, P(op)            grad_gate is linear in up; grad_up does not read up
+P(op), R|P(avg|max|min)  R, R, P(op)            grad_gate is linear in up; grad_up does not read up, so
+                                                it is identical on every rank (R, or any mean/max/min)
 =======================  =====================  ==========================================================
 
 Not offered: gate Partial (silu is not linear), P(max/min) (the other factor's sign flips the
@@ -130,7 +133,9 @@ def silu_and_mul_backward_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]
         if reduce_op in partial_ops([grad.dtype, gate.dtype, up.dtype]):
             P = Partial(reduce_op)
             rows.append([P, P, P, R, R, *offs])
-            rows.append([P, R, R, R, P, *offs])
+            # grad_up does not read up: it is the same on every rank, R or any mean/max/min of itself
+            for same in (R, Partial("avg"), Partial("max"), Partial("min")):
+                rows.append([P, same, R, R, P, *offs])
     return rows
 
 
