@@ -32,6 +32,7 @@ SHIPPED = {
     "checkpoint_shard_order": True,
     "flop_registry": True,
     "deferred_fma": True,
+    "torchtitan_rules": True,
 }
 
 
