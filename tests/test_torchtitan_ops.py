@@ -18,7 +18,6 @@ every layout we offer is correct, not that no valid one is missing (with zeros s
 
 from __future__ import annotations
 
-import random
 import subprocess
 import sys
 import textwrap
@@ -27,12 +26,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.distributed.tensor.placement_types import Partial, Shard
 
 import dtensor_rules
 from dtensor_rules import registry
 from dtensor_rules.testing import check_rule, simulated_mesh
-from dtensor_rules.testing.dispatch import sharded_call
+from dtensor_rules.testing.dispatch import layout_kinds, pick_layouts, sharded_call
 from dtensor_rules.testing.simulate import Sample
 from dtensor_rules.testing.tables import emitted
 from tests._torchtitan import require_torchtitan
@@ -114,19 +112,6 @@ def test_rule_matches_ground_truth(titan_ops: dict, name: str, mesh_shape: tuple
         report.check(complete=not has_offsets)
 
 
-def _kinds(ins: tuple, tensors: list[torch.Tensor], mesh: tuple[int, ...]) -> set[str]:
-    kinds = set()
-    for pl, t in zip(ins, tensors):
-        for mesh_dim, p in enumerate(pl):
-            if isinstance(p, Partial):
-                kinds.add("partial")
-            elif isinstance(p, Shard):
-                kinds.add("shard")
-                if t.shape[p.dim] % mesh[mesh_dim]:
-                    kinds.add("uneven")
-    return kinds
-
-
 @pytest.mark.parametrize("name", OPS)
 def test_rule_through_dtensor_dispatch_matches_one_device(titan_ops: dict, name: str) -> None:
     """Real DTensor dispatch (our installed rule picks the strategy) on a simulated 2x2 mesh."""
@@ -135,12 +120,7 @@ def test_rule_through_dtensor_dispatch_matches_one_device(titan_ops: dict, name:
     seen: set[str] = set()
     with registry.installed("override", ops=[op]), simulated_mesh(mesh_shape) as mesh:
         for i, sample in enumerate(_samples(op)):
-            combos = sorted(emitted(op, sample.args, sample.kwargs, mesh_shape), key=str)
-            random.Random(i).shuffle(combos)
-            for kind in ("partial", "uneven", "shard"):
-                pick = next(((ins, outs) for ins, outs in combos if kind in _kinds(ins, sample.tensors(), mesh_shape)), None)
-                if pick is None:
-                    continue
+            for pick in pick_layouts(emitted(op, sample.args, sample.kwargs, mesh_shape), sample.tensors(), mesh_shape, i):
                 want = op(*sample.args, **sample.kwargs)
                 got = sharded_call(op, sample, mesh, pick[0])
                 got_t, want_t = (got, want) if isinstance(want, tuple) else ((got,), (want,))
@@ -148,7 +128,7 @@ def test_rule_through_dtensor_dispatch_matches_one_device(titan_ops: dict, name:
                     tol = {"atol": 0.1, "rtol": 0.05} if w.dtype == torch.bfloat16 else {}
                     assert gt.dtype == w.dtype
                     torch.testing.assert_close(gt, w, **tol, msg=lambda m: f"{op} {pick}: {m}")
-                seen.add(kind)
+                seen |= layout_kinds(pick[0], sample.tensors(), mesh_shape)
     assert {"partial", "uneven", "shard"} <= seen, seen
 
 
