@@ -3,7 +3,7 @@
 #   ./run.sh demo   -- the MoE demo on a simulated 2x2 mesh
 #   ./run.sh test   -- the test suite
 # It creates .venv (once), installs the package with its extras (EXTRAS; default "test" for
-# the tests, none for the demo; CI uses "test,triton,solver") and torch pinned by constraints.txt
+# the tests, none for the demo; CI uses "test,triton,solver,torchtitan") and torch pinned by constraints.txt
 # (2.13.0, the CPU build), then runs the command.
 # TORCH_VERSION=2.14.1 ./run.sh test  -- the same in .venv-2.14.1, torch pinned by
 # constraints-2.14.txt (the registry's CUDA build, ~5.5 GB; it runs on CPU).

@@ -21,6 +21,9 @@ setup(
         "test": ["pytest", "pytest-xdist", "hypothesis", "expecttest"],
         "triton": ["triton"],
         "solver": ["pulp"],  # dtensor_rules.solver: the ILP placement solver (PuLP bundles CBC)
+        # torchtitan's MoE as an expert_parallel target and its custom ops' DTensor rules;
+        # torchtitan imports triton without declaring it
+        "torchtitan": ["torchtitan", "triton"],
     },
     entry_points={"console_scripts": ["dtensor-rules=dtensor_rules.cli.main:main"]},
 )

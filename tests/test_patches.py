@@ -37,6 +37,7 @@ SHIPPED = {
     "per_rank_generators": True,
     "ragged_redistribute": True,
     "ragged_guard": True,
+    "torchtitan_rules": True,
 }
 
 

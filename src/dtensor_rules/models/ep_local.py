@@ -24,6 +24,7 @@ backward sends the output gradients forward along the same routes and back.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -33,7 +34,10 @@ from dtensor_rules._upstream import funcol
 
 from dtensor_rules.kernels import moe_permute_indices, permuted_length_bound
 
-__all__ = ["Dispatched", "ep_dispatch", "local_experts", "ep_combine", "ep_routed_experts"]
+# (x_grouped (L, dim), offs (E_l,) int32 group ends, w1, w3, w2 local) -> (L, dim)
+ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+__all__ = ["ExpertsFn", "Dispatched", "ep_dispatch", "local_experts", "ep_combine", "ep_routed_experts"]
 
 
 class Dispatched(NamedTuple):
@@ -101,24 +105,40 @@ def local_experts(x_grouped: torch.Tensor, offs: torch.Tensor, w1: torch.Tensor,
 
 
 def ep_combine(y_grouped: torch.Tensor, d: Dispatched, weights: torch.Tensor, n_tokens: int,
-               group: dist.ProcessGroup) -> torch.Tensor:
-    """Send the expert outputs back and sum them per token with the routing weights -> (T, dim)."""
+               group: dist.ProcessGroup, sum_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Send the expert outputs back and sum them per token with the routing weights -> (T, dim).
+
+    ``sum_dtype`` None: weight and sum in the weights' dtype. A dtype (torchtitan's combine,
+    ``sum_dtype`` = the tokens' dtype): each row is cast to it, weighted in float32, cast back
+    and summed in it, so a bf16 model rounds where torchtitan's does.
+    """
     y = y_grouped[d.dest]  # received order; never reads an uncomputed row
     back = _all_to_all(y, d.send_splits, d.recv_splits, group)
     k = weights.shape[-1]
-    contrib = back.to(weights.dtype) * weights.reshape(-1)[d.order].unsqueeze(-1)
+    w = weights.reshape(-1)[d.order].unsqueeze(-1)
+    if sum_dtype is None:
+        contrib = back.to(weights.dtype) * w
+    else:
+        contrib = (back.to(sum_dtype).float() * w.float()).to(sum_dtype)
     token = torch.div(d.order, k, rounding_mode="floor")
     return contrib.new_zeros(n_tokens, contrib.shape[-1]).index_add(0, token, contrib)
 
 
 def ep_routed_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w1: torch.Tensor,
                       w3: torch.Tensor, w2: torch.Tensor, *, n_experts: int, alignment: int,
-                      group: dist.ProcessGroup, gmm_dtype: torch.dtype | None = None) -> torch.Tensor:
+                      group: dist.ProcessGroup, gmm_dtype: torch.dtype | None = None,
+                      sum_dtype: torch.dtype | None = None, experts_fn: ExpertsFn | None = None) -> torch.Tensor:
     """The routed-expert output of this rank's tokens, (T, dim), computed by expert parallelism.
 
     ``w1/w3`` (E_l, dim, H_l) and ``w2`` (E_l, H_l, dim) are this rank's experts; with a
     tensor-parallel hidden dim (H_l < H) the result is this rank's partial sum.
+    ``experts_fn(x_grouped, offs, w1, w3, w2)`` replaces :func:`local_experts` (another
+    block's own expert math and layout, e.g. torchtitan's ``GroupedExperts``).
+    ``sum_dtype``: see :func:`ep_combine`.
     """
     d = ep_dispatch(x, idx, n_experts, alignment, group)
-    y = local_experts(d.x_grouped, d.offs, w1, w3, w2, gmm_dtype)
-    return ep_combine(y, d, weights, x.shape[0], group).to(x.dtype)
+    if experts_fn is None:
+        y = local_experts(d.x_grouped, d.offs, w1, w3, w2, gmm_dtype)
+    else:
+        y = experts_fn(d.x_grouped, d.offs, w1, w3, w2)
+    return ep_combine(y, d, weights, x.shape[0], group, sum_dtype).to(x.dtype)

@@ -43,13 +43,14 @@ import functools
 from typing import NamedTuple
 
 import torch
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 
+from dtensor_rules.models.ep_adapters import EPAdapter, adapter_for
 from dtensor_rules.models.ep_local import ep_routed_experts
-from dtensor_rules.models.moe import MoE, distribute_params
 
-__all__ = ["EPMesh", "expert_parallel", "routed_experts_ep", "token_placements", "expert_param_bytes"]
+__all__ = ["EPMesh", "expert_parallel", "distribute_named", "routed_experts_ep", "token_placements", "expert_param_bytes"]
 
 
 class EPMesh(NamedTuple):
@@ -81,74 +82,116 @@ def _check_mesh(mesh: DeviceMesh, ep_dim: str, tp_dim: str | None) -> EPMesh:
     return EPMesh(mesh, ep_dim, tp_dim if tp_dim in names else None)
 
 
-def routed_experts_ep(moe: MoE, ep: EPMesh, x: DTensor, idx: DTensor, weights: DTensor) -> DTensor:
-    """The routed experts of ``moe`` on DTensor tokens by expert parallelism (a local region).
+def routed_experts_ep(moe: nn.Module | EPAdapter, ep: EPMesh, x: DTensor, idx: DTensor, weights: DTensor) -> DTensor:
+    """The routed experts of ``moe`` (a block or its :class:`EPAdapter`) on DTensor tokens by expert parallelism.
 
-    ``x`` (T, dim), ``idx`` (T, k) and ``weights`` (T, k) are ``Shard(0)`` on ep and
-    ``Replicate`` on tp (redistributed to that if not); the result (T, dim) is
-    ``Shard(0)`` on ep and ``Partial`` on tp (``Replicate`` without a tp dim).
+    ``x`` (..., dim), ``idx`` (..., k) and ``weights`` (..., k) are ``Shard(0)`` on ep and
+    ``Replicate`` on tp (redistributed to that if not); the leading dims are flattened per
+    rank. The result (same shape as ``x``) is ``Shard(0)`` on ep and ``Partial`` on tp
+    (``Replicate`` without a tp dim).
 
     The same contract as ``local_map(ep_routed_experts, out_placements, in_placements,
     in_grad_placements)``, written out with ``to_local``/``from_local`` because
     ``local_map`` infers the output's global shape as ``local rows * ep`` (even shards):
     with T not divisible by ep that shape is wrong (and differs between ranks).
     """
-    c = moe.config
+    a = moe if isinstance(moe, EPAdapter) else adapter_for(moe)
     tokens = _placements(ep, Shard(0), Replicate())
     token_grads = _placements(ep, Shard(0), Partial())  # each tp rank's gradient is its hidden slice's part
-    local = [t.redistribute(ep.mesh, tokens).to_local(grad_placements=token_grads) for t in (x, weights)]
-    idx_local = idx.redistribute(ep.mesh, tokens).to_local()
-    w_local = [w.to_local(grad_placements=w.placements) for w in (moe.w1, moe.w3, moe.w2)]
+    x_l, w_l = (t.redistribute(ep.mesh, tokens).to_local(grad_placements=token_grads) for t in (x, weights))
+    idx_l = idx.redistribute(ep.mesh, tokens).to_local()
+    dim, k = x_l.shape[-1], idx_l.shape[-1]
+    experts = a.experts()
+    w_local = [w.to_local(grad_placements=w.placements) for w in experts[:3]]
+    gdt = a.gmm_dtype or x.dtype
     out = ep_routed_experts(
-        local[0], idx_local, local[1], *w_local,
-        n_experts=c.n_experts,
-        alignment=moe.alignment(c.gmm_dtype or x.dtype),
+        x_l.reshape(-1, dim), idx_l.reshape(-1, k), w_l.reshape(-1, k), *w_local,
+        n_experts=a.n_experts,
+        alignment=a.alignment(gdt),
         group=ep.mesh.get_group(ep.ep_dim),
-        gmm_dtype=c.gmm_dtype,
+        gmm_dtype=a.gmm_dtype,
+        sum_dtype=x.dtype if a.sum_dtype_is_input else None,
+        experts_fn=a.local_experts,
     )
-    return DTensor.from_local(out, ep.mesh, token_grads, run_check=False, shape=x.shape, stride=x.stride())
+    return DTensor.from_local(out.view(x_l.shape), ep.mesh, token_grads, run_check=False, shape=x.shape,
+                              stride=x.stride())
 
 
-def expert_parallel(module: MoE, mesh: DeviceMesh, ep_dim: str = "ep", tp_dim: str | None = "tp") -> MoE:
+def _role_placements(ep: EPMesh, role: str, layout: str) -> tuple[Placement, ...]:
+    R = Replicate()
+    hidden_in, hidden_out = (2, 1) if layout == "EDH" else (1, 2)  # where H sits in w1/w3 and in w2
+    on_ep_tp = {
+        "expert_in": (Shard(0), Shard(hidden_in)),
+        "expert_out": (Shard(0), Shard(hidden_out)),
+        "replicate": (R, R),
+        "colwise": (R, Shard(0)),
+        "rowwise": (R, Shard(1)),
+        "counter": (Partial(), R),
+    }
+    if role not in on_ep_tp:
+        raise ValueError(f"unknown role {role!r}; use one of {sorted(on_ep_tp)}")
+    return _placements(ep, *on_ep_tp[role])
+
+
+def expert_parallel(module: nn.Module, mesh: DeviceMesh, ep_dim: str = "ep", tp_dim: str | None = "tp",
+                    adapter: EPAdapter | None = None) -> nn.Module:
     """Distribute ``module`` in place for expert (x tensor) parallelism and route its experts by all-to-all.
 
-    ``mesh`` has a dim named ``ep_dim`` and optionally one named ``tp_dim`` (see the
-    module docstring for every layout). Feed it tokens placed with
+    ``module``: this package's ``MoE``, torchtitan 0.3.0's ``MoE``, or any block described
+    by ``adapter`` (:class:`~dtensor_rules.models.ep_adapters.EPAdapter`, docs/expert_parallel.md
+    "Any MoE module"). ``mesh`` has a dim named ``ep_dim`` and optionally one named
+    ``tp_dim`` (see the module docstring for every layout). Feed it tokens placed with
     :func:`token_placements`. Raises ``ValueError`` if ep does not divide the experts
     or tp does not divide the hidden dims.
     """
     ep = _check_mesh(mesh, ep_dim, tp_dim)
-    c = module.config
+    a = adapter if adapter is not None else adapter_for(module)
     n_ep = mesh.size(mesh.mesh_dim_names.index(ep_dim))
-    if c.n_experts % n_ep:
+    if a.n_experts % n_ep:
         raise ValueError(
-            f"n_experts={c.n_experts} is not divisible by the '{ep_dim}' mesh size {n_ep}: every ep rank must own "
-            f"the same number of experts; use an ep size that divides {c.n_experts}"
+            f"n_experts={a.n_experts} is not divisible by the '{ep_dim}' mesh size {n_ep}: every ep rank must own "
+            f"the same number of experts; use an ep size that divides {a.n_experts}"
         )
     if ep.tp_dim is not None:
         n_tp = mesh.size(mesh.mesh_dim_names.index(ep.tp_dim))
-        if c.hidden % n_tp:
-            raise ValueError(f"hidden={c.hidden} is not divisible by the '{ep.tp_dim}' mesh size {n_tp}")
-    R = Replicate()
-    plan = {
-        "w1": _placements(ep, Shard(0), Shard(2)),
-        "w3": _placements(ep, Shard(0), Shard(2)),
-        "w2": _placements(ep, Shard(0), Shard(1)),
-        "gate": _placements(ep, R, R),
-        "shared_w1": _placements(ep, R, Shard(0)),
-        "shared_w3": _placements(ep, R, Shard(0)),
-        "shared_w2": _placements(ep, R, Shard(1)),
-    }
-    distribute_params(module, mesh, plan, _placements(ep, R, R))
-    module.routed_region = functools.partial(_region, ep=ep)
+        if a.hidden % n_tp:
+            raise ValueError(f"hidden={a.hidden} is not divisible by the '{ep.tp_dim}' mesh size {n_tp}")
+    layout = a.experts().layout
+    distribute_named(module, mesh, {name: _role_placements(ep, role, layout) for name, role in a.roles().items()})
+    a.install(functools.partial(routed_experts_ep, a, ep))
     return module
 
 
-def _region(moe: MoE, x: DTensor, idx: DTensor, weights: DTensor, *, ep: EPMesh) -> DTensor:
-    return routed_experts_ep(moe, ep, x, idx, weights)
+def distribute_named(module: nn.Module, mesh: DeviceMesh, plan: dict[str, tuple[Placement, ...]]) -> None:
+    """Replace each parameter or buffer named in ``plan`` (qualified name; None skipped) by a DTensor so placed.
+
+    On a simulated mesh every rank gets its own copy first (``per_rank_copies``), as
+    :func:`~dtensor_rules.models.moe.distribute_params` explains. A ``Partial`` placement
+    (a counter) starts from zeros on every rank: a counter holding counts raises (reset it first).
+    """
+    from dtensor_rules._upstream import per_rank_copies
+
+    params = dict(module.named_parameters())
+    for name, placements in plan.items():
+        owner_name, _, attr = name.rpartition(".")
+        owner = module.get_submodule(owner_name)
+        t = getattr(owner, attr)
+        if t is None:
+            continue
+        local = per_rank_copies(t.detach())
+        if any(isinstance(p, Partial) for p in placements):
+            if bool(t.detach().ne(0).any()):
+                raise ValueError(f"{name} is a counter (Partial on ep) but holds counts: zero it before expert_parallel")
+            d = DTensor.from_local(local, mesh, placements, run_check=False)
+        else:
+            d = distribute_tensor(local, mesh, placements)
+        if name in params:
+            setattr(owner, attr, nn.Parameter(d, t.requires_grad))
+        else:
+            setattr(owner, attr, d)
 
 
-def expert_param_bytes(module: MoE) -> tuple[int, int]:
+def expert_param_bytes(module: nn.Module, adapter: EPAdapter | None = None) -> tuple[int, int]:
     """(bytes of w1+w3+w2 held by this rank, bytes of their gradients held by this rank)."""
 
     def local(t: torch.Tensor | None) -> int:
@@ -157,5 +200,5 @@ def expert_param_bytes(module: MoE) -> tuple[int, int]:
         t = t.to_local() if isinstance(t, DTensor) else t
         return t.numel() * t.element_size()
 
-    ws = (module.w1, module.w3, module.w2)
+    ws = tuple((adapter or adapter_for(module)).experts()[:3])
     return sum(local(w) for w in ws), sum(local(w.grad) for w in ws)

@@ -2,7 +2,8 @@
 
 Pipeline (T tokens, E experts, k = top_k, A = alignment, L = T*k + E*A):
 
-1. router: ``scores = sigmoid(x @ gate.T)``; experts picked by ``topk(scores + expert_bias)``
+1. router: ``scores = sigmoid(x @ gate.T)`` (or softmax, ``score_func``); experts picked by
+   ``topk(scores + expert_bias)``, optionally node-limited (``n_expert_groups``: models/routing.py)
    (the bias only steers selection: aux-loss-free balancing); weights are the *unbiased*
    scores of the picked experts, optionally normalized to sum 1, times ``route_scale``.
 2. counts per expert with ``histc`` (fixed output size, unlike ``bincount`` whose size
@@ -67,8 +68,20 @@ class MoEConfig:
     alignment: int | None = None  # None: alignment_for(dtype of the expert inputs)
     gmm_dtype: torch.dtype | None = None  # None: compute the experts in the input dtype
     permute_impl: Literal["torch", "kernel"] = "torch"
+    score_func: Literal["sigmoid", "softmax"] = "sigmoid"
+    n_expert_groups: int | None = None  # node-limited routing (models/routing.py): groups of experts
+    n_limited_groups: int | None = None  # ... of which each token may pick from this many
 
     def __post_init__(self) -> None:
+        if self.score_func not in ("sigmoid", "softmax"):
+            raise ValueError(f"score_func={self.score_func!r}: use 'sigmoid' or 'softmax'")
+        if self.n_expert_groups is not None:
+            if self.n_experts % self.n_expert_groups or self.n_experts // self.n_expert_groups < 2:
+                raise ValueError(f"n_expert_groups={self.n_expert_groups} must divide n_experts={self.n_experts} "
+                                 "into groups of at least 2 experts")
+            if self.n_limited_groups is None or not 1 <= self.n_limited_groups <= self.n_expert_groups:
+                raise ValueError(f"n_limited_groups={self.n_limited_groups} must be in 1..n_expert_groups="
+                                 f"{self.n_expert_groups} when n_expert_groups is set")
         if not 1 <= self.top_k <= self.n_experts:
             raise ValueError(f"top_k={self.top_k} must be in 1..n_experts={self.n_experts}")
         if self.permute_impl not in ("torch", "kernel"):
@@ -121,9 +134,13 @@ class MoE(nn.Module):
     # ------------------------------------------------------------------ pieces
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (T, dim) -> (expert ids (T, k) int64, weights (T, k) in x's dtype)."""
+        from dtensor_rules.models.routing import node_limited, router_scores
+
         c = self.config
-        scores = torch.sigmoid(torch.mm(x, self.gate.t()).float())
+        scores = router_scores(torch.mm(x, self.gate.t()), c.score_func)
         select = scores + self.expert_bias if self.expert_bias is not None else scores
+        if c.n_expert_groups is not None:
+            select = node_limited(select, c.n_expert_groups, c.n_limited_groups)
         _, idx = torch.topk(select, c.top_k, dim=-1)
         weights = scores.gather(-1, idx)
         if c.route_norm:

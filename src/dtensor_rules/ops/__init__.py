@@ -16,4 +16,5 @@ from dtensor_rules.ops import (  # noqa: F401
     slicing,
     softmax,
     sorting,
+    torchtitan_ops,
 )

@@ -8,6 +8,7 @@ the local kernel) is exercised exactly as in a real run.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,11 +16,12 @@ import torch
 from dtensor_rules._upstream import LocalTensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.placement_types import Placement
+from torch.distributed.tensor.placement_types import Partial, Placement, Shard
 
+from dtensor_rules.testing.masks import is_mask
 from dtensor_rules.testing.simulate import Sample, coords, local_input
 
-__all__ = ["to_dtensor", "full_value", "sharded_call"]
+__all__ = ["to_dtensor", "full_value", "sharded_call", "layout_kinds", "pick_layouts"]
 
 
 def to_dtensor(t: torch.Tensor, mesh: DeviceMesh, placements: Sequence[Placement], salt: int = 0) -> DTensor:
@@ -55,3 +57,34 @@ def sharded_call(op: Any, sample: Sample, mesh: DeviceMesh, placements: Sequence
     dts = [to_dtensor(t, mesh, pl, salt=3 * i) for i, (t, pl) in enumerate(zip(tensors, placements))]
     args, kwargs = sample.replace_tensors(dts)
     return full_value(op(*args, **kwargs))
+
+
+def layout_kinds(ins: Sequence[Sequence[Placement]], tensors: Sequence[torch.Tensor],
+                 mesh_shape: Sequence[int]) -> set[str]:
+    """What a combo's input layouts exercise: "partial", "uneven" (a shard with a remainder),
+    "shard"; none for a masked index (only gather's own dispatch makes one)."""
+    kinds = set()
+    for pl, t in zip(ins, tensors):
+        for mesh_dim, p in enumerate(pl):
+            if is_mask(p):
+                return set()
+            if isinstance(p, Partial):
+                kinds.add("partial")
+            elif isinstance(p, Shard):
+                kinds.add("shard")
+                if t.shape[p.dim] % mesh_shape[mesh_dim]:
+                    kinds.add("uneven")
+    return kinds
+
+
+def pick_layouts(combos: Any, tensors: Sequence[torch.Tensor], mesh_shape: Sequence[int], seed: int) -> list[tuple]:
+    """One (inputs, outputs) combo per kind the rule offers (Partial, uneven shard, shard), from a seeded shuffle."""
+    order = sorted(combos, key=str)
+    random.Random(seed).shuffle(order)
+    picked: list[tuple] = []
+    for kind in ("partial", "uneven", "shard"):
+        for ins, outs in order:
+            if kind in layout_kinds(ins, tensors, mesh_shape) and (ins, outs) not in picked:
+                picked.append((ins, outs))
+                break
+    return picked
