@@ -277,6 +277,12 @@ def check_against_upstream(name: str, draw: Any) -> None:
     mesh_shape = draw(st.sampled_from(MESHES))
     layouts = [_placements(draw, t, len(mesh_shape)) for t in call.tensors]
     assume(any(p != Replicate() for pl in layouts for p in pl))
+    compare(call, mesh_shape, layouts)
+
+
+def compare(call: Call, mesh_shape: tuple[int, ...], layouts: list[list[Any]]) -> None:
+    """``call`` with its tensors laid out as ``layouts``: ours runs, equals plain torch, and moves
+    no more than upstream (by DTensor's cost model or by bytes sent)."""
     want = call.run(*(t.value for t in call.tensors))
     with simulated_mesh(mesh_shape) as mesh:
         dts = [to_dtensor(t.value, mesh, pl, salt=3 * i) for i, (t, pl) in enumerate(zip(call.tensors, layouts))]
@@ -290,3 +296,28 @@ def check_against_upstream(name: str, draw: Any) -> None:
         # choice minimises and ours prices with) and the bytes sent (what dominates at scale)
         no_costlier = ours.cost <= upstream.cost * (1 + 1e-9)
         assert no_costlier or ours.moved <= upstream.moved + 1e-6, (mesh_shape, shapes, layouts, ours, upstream)
+
+
+def test_softmax_backward_follows_a_held_sharding_of_a_too_small_dim() -> None:
+    """#18.6, found by the dev profile: g (R, R) and y (S(0), S(1)) of a 1x1 tensor on 2x2, softmax
+    dim 0. Upstream follows y's S(1) on mesh dim 1 (8 B moved); ours refused any target sharding
+    a dim smaller than its shard count unless it was an input's WHOLE layout, so it replicated
+    everything (24 B). The class: a too-small dim sharded as some input already shards it."""
+    op = aten._softmax_backward_data.default
+    for dim, g_layout, y_layout in [
+        (0, [Replicate(), Replicate()], [Shard(0), Shard(1)]),
+        (1, [Replicate(), Replicate()], [Shard(0), Shard(1)]),
+        (0, [Shard(1), Replicate()], [Replicate(), Shard(1)]),
+    ]:
+        y = torch.tensor([[1.0]])
+        call = Call(op, [Tensor(torch.tensor([[0.5]]), True), Tensor(y, True)],
+                    lambda g, y, dim=dim: op(g, y, dim, torch.float32))
+        compare(call, (2, 2), [g_layout, y_layout])
+
+
+def test_cat_follows_a_held_sharding_of_a_too_small_dim() -> None:
+    """The same class through the rows path (``cat``): a 1-row dim held as S(0) on mesh dim 1 by
+    one input, the other replicated; the cat along dim 1 follows it rather than gathering."""
+    call = Call(aten.cat.default, [Tensor(torch.arange(2.0).reshape(1, 2), True), Tensor(torch.arange(3.0).reshape(1, 3), True)],
+                lambda a, b: torch.cat([a, b], 1))
+    compare(call, (2, 2), [[Shard(1), Shard(0)], [Replicate(), Replicate()]])

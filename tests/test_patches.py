@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 import dtensor_rules
 from dtensor_rules import patches, registry
@@ -28,6 +29,7 @@ SHIPPED = {
     "first_symbol_record": True,
     "exact_int_partition": True,
     "cache_miss_hook": True,
+    "meta_fallback": True,
     "shard_order": True,
     "checkpoint_shard_order": True,
     "flop_registry": True,
@@ -80,6 +82,36 @@ def test_install_switches_patches_by_name_and_rejects_unknown_ones() -> None:
     finally:
         registry.install(patches=patches.defaults())
     assert cache_miss_wrapped()
+
+
+def test_meta_fallback_is_a_switchable_patch_that_restores_the_method() -> None:
+    """#21.1: the output-metadata wrapper is its own named patch: off, the propagator's class method
+    shows through and a grouped mm of fp32 operands fails in the meta step as upstream's does;
+    on, the rule's fallback answers (its result equals plain torch's)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    from dtensor_rules._upstream import META_STEP_ATTR, clear_sharding_caches, propagator
+    from dtensor_rules.testing import simulated_mesh
+
+    a, b = torch.randn(8, 16), torch.randn(2, 16, 8)
+    offs = torch.tensor([4, 8], dtype=torch.int32)
+    want = torch._grouped_mm(a, b, offs=offs)
+    try:
+        registry.install(patches=[n for n in patches.defaults() if n != "meta_fallback"])
+        assert META_STEP_ATTR not in vars(propagator())
+        assert dtensor_rules.status().patches["meta_fallback"].state == "off"
+        with simulated_mesh((2,)) as mesh:
+            da, db, do = (DTensor.from_local(t, mesh, [Replicate()], run_check=False) for t in (a, b, offs))
+            clear_sharding_caches()
+            with pytest.raises(Exception):
+                torch._grouped_mm(da, db, offs=do)
+            registry.install(patches=patches.defaults())
+            assert META_STEP_ATTR in vars(propagator())
+            clear_sharding_caches()
+            got = torch._grouped_mm(da, db, offs=do).full_tensor()
+        torch.testing.assert_close(got, want)
+    finally:
+        registry.install(patches=patches.defaults())
 
 
 SNAPSHOT = """

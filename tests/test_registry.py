@@ -144,7 +144,7 @@ def test_failed_install_leaves_nothing_half_patched(restore_install, monkeypatch
     dtensor_rules.uninstall()
     before = snapshot()
     calls = {"n": 0}
-    real = registry._checked_single_dim
+    real = registry._checked_op_strategy
 
     def explode(rule):
         calls["n"] += 1
@@ -152,7 +152,7 @@ def test_failed_install_leaves_nothing_half_patched(restore_install, monkeypatch
             raise RuntimeError("boom")
         return real(rule)
 
-    monkeypatch.setattr(registry, "_checked_single_dim", explode)
+    monkeypatch.setattr(registry, "_checked_op_strategy", explode)
     with pytest.raises(RuntimeError, match="boom"):
         dtensor_rules.install()
     assert_same(snapshot(), before)
@@ -257,15 +257,15 @@ def test_malformed_strategy_is_reported_with_the_rule_name(restore_install):
         info = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs[FMA]
         meta = torch.distributed.tensor._dtensor_spec.TensorMeta(torch.Size([2]), (1,), torch.float32)
         with pytest.raises(RuleError, match=r"rule for prims.fma.default returned strategy .*expected a list of 4"):
-            info.single_dim_rows(FMA, (meta, meta, meta), {})
+            info.rows(FMA, (meta, meta, meta), {})
         dtensor_rules.register(FMA, replace=True)(lambda op, a, k: [[Shard(0), Shard(5), Replicate(), Replicate()]])
         info = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs[FMA]
         with pytest.raises(RuleError, match="shards input 0 on dim 5, but that input has 1 dims"):
-            info.single_dim_rows(FMA, (meta, meta, meta), {})
+            info.rows(FMA, (meta, meta, meta), {})
         dtensor_rules.register(FMA, replace=True)(lambda op, a, k: [["S(0)", Replicate(), Replicate(), Replicate()]])
         info = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs[FMA]
         with pytest.raises(RuleError, match="returned 'S\\(0\\)' .*not a Placement"):
-            info.single_dim_rows(FMA, (meta, meta, meta), {})
+            info.rows(FMA, (meta, meta, meta), {})
     finally:
         registry.register_rule(original, replace=True)
 
@@ -273,7 +273,7 @@ def test_malformed_strategy_is_reported_with_the_rule_name(restore_install):
 def test_placeholder_strategies_pass_validation():
     info = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs[FMA]
     meta = torch.distributed.tensor._dtensor_spec.TensorMeta(torch.Size([2, 3]), (3, 1), torch.float32)
-    rows = info.single_dim_rows(FMA, (meta, meta, meta), {})
+    rows = info.rows(FMA, (meta, meta, meta), {})
     assert [ShardingPlaceholder(0).dim] == [rows[0][0].dim]
 
 

@@ -29,15 +29,15 @@ e.g. data-dependent output shapes) and removed exactly like the strategy entries
 
 And a ``meta_fallback``: ``fn(op_schema, error) -> TensorMeta`` used when DTensor's fake-tensor
 output-metadata step raises for the op (e.g. ``_grouped_mm``'s meta kernel accepts only bf16
-while the CPU kernel takes fp32/fp16). While any installed rule has one, the propagator's
-``_propagate_tensor_meta_non_cached`` is wrapped (an instance attribute shadowing the method);
-uninstalling the last such rule deletes the wrapper, restoring the method exactly.
+while the CPU kernel takes fp32/fp16). The named patch ``meta_fallback``
+(:mod:`dtensor_rules.dispatch.meta_fallback`, on by default) wraps the propagator's
+``_propagate_tensor_meta_non_cached``; installing a rule adds its fallback to that patch's table,
+uninstalling removes it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
@@ -49,10 +49,7 @@ from torch._ops import OpOverload
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
 from dtensor_rules._upstream import (
-    FAKE_TENSOR_LOGGER,
     HANDLERS,
-    META_FAILURE_MESSAGE,
-    META_STEP_ATTR,
     SCHEMA_REGISTRIES,
     STRATEGY_REGISTRIES,
     OpSchema,
@@ -68,7 +65,8 @@ from dtensor_rules._upstream import (
 )
 from dtensor_rules import patches as _patch_registry
 from dtensor_rules.core.metas import metas as tensor_metas
-from dtensor_rules.dispatch.single_dim import single_dim_op_strategy
+from dtensor_rules.dispatch.meta_fallback import set_fallbacks
+from dtensor_rules.dispatch.single_dim import SingleDimStrategy, n_outputs
 from dtensor_rules.costs.op_cost import Formula
 from dtensor_rules.costs.rule_source import use_rules
 from dtensor_rules.costs.user_formula import from_flops_bytes
@@ -378,79 +376,85 @@ def _count_tensor_args(schema: OpSchema) -> int:
     return num_tensor_inputs(schema)
 
 
-def _checked_single_dim(rule: Rule) -> Callable[..., Any]:
-    """Wrap a single-dim rule so malformed output raises a RuleError naming the rule."""
-    fn = rule.strategy
-    n_out = sum(1 for r in rule.op._schema.returns if "Tensor" in str(r.type))
-
-    def checked(op: OpOverload, args_meta: Any, kwargs_meta: Any) -> Any:
-        result = fn(op, args_meta, kwargs_meta)
-        if not isinstance(result, list):
-            raise RuleError(f"rule for {op} returned {type(result).__name__}, expected a list of strategies")
-        metas = tensor_metas((args_meta, kwargs_meta))
-        width = n_out + len(metas)
-        for s in result:
-            if not isinstance(s, (list, tuple)) or len(s) != width:
-                raise RuleError(
-                    f"rule for {op} returned strategy {s!r}: expected a list of {width} placements "
-                    f"({n_out} output(s) then {len(metas)} tensor input(s))"
-                )
-            for i, p in enumerate(s):
-                t = type(p)
-                if t is Replicate or t is Partial or (p is None and i < n_out):
-                    continue  # (exact types first: isinstance on a placement costs ~1 us on every dispatch)
-                if t is not Shard and t is not ShardingPlaceholder and not isinstance(p, (Placement, ShardingPlaceholder)):
-                    raise RuleError(f"rule for {op} returned {p!r} in strategy {s!r}: not a Placement")
-                dim = getattr(p, "dim", None)
-                if dim is not None and i >= n_out:
-                    nd = len(metas[i - n_out].shape)
-                    if not 0 <= dim < max(nd, 1):
-                        raise RuleError(
-                            f"rule for {op} shards input {i - n_out} on dim {dim}, "
-                            f"but that input has {nd} dims"
-                        )
-        return result
-
-    checked.__wrapped__ = fn  # type: ignore[attr-defined]
-    return checked
-
-
-def _checked_op_strategy(rule: Rule) -> Callable[..., Any]:
-    """The op strategy DTensor calls for ``rule``: a single-dim rule through
-    :func:`~dtensor_rules.dispatch.single_dim.single_dim_op_strategy` (its checked rows function
-    is the ``single_dim_rows`` attribute); output checked, a malformed one raises RuleError."""
-    fn = rule.strategy
-    rows = None
-    if rule.kind == "single_dim":
-        rows = _checked_single_dim(rule)
-        fn = single_dim_op_strategy(rule.op, rows, allow_uneven_sharding=rule.allow_uneven_sharding)
-
-    def checked(op_schema: OpSchema) -> Any:
-        result = fn(op_schema)
-        if not isinstance(result, (OpStrategy, TupleStrategy)):
+def check_rows(op: OpOverload, result: Any, args_meta: Any, kwargs_meta: Any, n_out: int) -> None:
+    """Raise a RuleError naming the rule when a single-dim rule's rows are malformed."""
+    if not isinstance(result, list):
+        raise RuleError(f"rule for {op} returned {type(result).__name__}, expected a list of strategies")
+    metas = tensor_metas((args_meta, kwargs_meta))
+    width = n_out + len(metas)
+    for s in result:
+        if not isinstance(s, (list, tuple)) or len(s) != width:
             raise RuleError(
-                f"rule for {op_schema.op} returned {type(result).__name__}, expected OpStrategy or TupleStrategy"
+                f"rule for {op} returned strategy {s!r}: expected a list of {width} placements "
+                f"({n_out} output(s) then {len(metas)} tensor input(s))"
             )
-        children = result.children if isinstance(result, TupleStrategy) else [result]
-        n_in = len(op_schema.args_strategy) + len(op_schema.kwargs_strategy)
-        for child in children:
-            if not isinstance(child, OpStrategy) or not child.strategies:
-                raise RuleError(f"rule for {op_schema.op} returned an empty or malformed strategy {child}")
-            if isinstance(result, TupleStrategy):
-                continue
-            for spec in child.strategies:
-                if spec.input_specs is not None and len(spec.input_specs) != n_in:
+        for i, p in enumerate(s):
+            t = type(p)
+            if t is Replicate or t is Partial or (p is None and i < n_out):
+                continue  # (exact types first: isinstance on a placement costs ~1 us on every dispatch)
+            if t is not Shard and t is not ShardingPlaceholder and not isinstance(p, (Placement, ShardingPlaceholder)):
+                raise RuleError(f"rule for {op} returned {p!r} in strategy {s!r}: not a Placement")
+            dim = getattr(p, "dim", None)
+            if dim is not None and i >= n_out:
+                nd = len(metas[i - n_out].shape)
+                if not 0 <= dim < max(nd, 1):
                     raise RuleError(
-                        f"rule for {op_schema.op}: strategy {spec} has {len(spec.input_specs)} input specs, "
-                        f"the op has {n_in} tensor inputs"
+                        f"rule for {op} shards input {i - n_out} on dim {dim}, "
+                        f"but that input has {nd} dims"
                     )
-                if spec.redistribute_cost is None:
-                    raise RuleError(f"rule for {op_schema.op}: strategy {spec} has no redistribute_cost")
+
+
+def _checked_single_dim(rule: Rule) -> Callable[..., Any]:
+    """A single-dim rule's rows function, checked (malformed rows raise a RuleError naming the rule)."""
+    return _checked_op_strategy(rule).rows  # type: ignore[union-attr]
+
+
+class CheckedStrategy(NamedTuple):
+    """An ``op_strategy`` rule as DTensor calls it: the rule, its output checked (a malformed one
+    raises RuleError naming the rule). One layer, like :class:`SingleDimStrategy`."""
+
+    rule: Callable[[OpSchema], Any]
+
+    @property
+    def __wrapped__(self) -> Callable[[OpSchema], Any]:
+        return self.rule
+
+    def __call__(self, op_schema: OpSchema) -> Any:
+        result = self.rule(op_schema)
+        _check_strategy(op_schema, result)
         return result
 
-    checked.__wrapped__ = rule.strategy  # type: ignore[attr-defined]
-    checked.single_dim_rows = rows  # type: ignore[attr-defined]
-    return checked
+
+def _check_strategy(op_schema: OpSchema, result: Any) -> None:
+    if not isinstance(result, (OpStrategy, TupleStrategy)):
+        raise RuleError(
+            f"rule for {op_schema.op} returned {type(result).__name__}, expected OpStrategy or TupleStrategy"
+        )
+    children = result.children if isinstance(result, TupleStrategy) else [result]
+    n_in = len(op_schema.args_strategy) + len(op_schema.kwargs_strategy)
+    for child in children:
+        if not isinstance(child, OpStrategy) or not child.strategies:
+            raise RuleError(f"rule for {op_schema.op} returned an empty or malformed strategy {child}")
+        if isinstance(result, TupleStrategy):
+            continue
+        for spec in child.strategies:
+            if spec.input_specs is not None and len(spec.input_specs) != n_in:
+                raise RuleError(
+                    f"rule for {op_schema.op}: strategy {spec} has {len(spec.input_specs)} input specs, "
+                    f"the op has {n_in} tensor inputs"
+                )
+            if spec.redistribute_cost is None:
+                raise RuleError(f"rule for {op_schema.op}: strategy {spec} has no redistribute_cost")
+
+
+def _checked_op_strategy(rule: Rule) -> SingleDimStrategy | CheckedStrategy:
+    """What DTensor calls for ``rule`` (``op_strategy_funcs[op]``), one layer above the rule: a
+    single-dim rule as a :class:`~dtensor_rules.dispatch.single_dim.SingleDimStrategy` (rows
+    checked, compact at dispatch, full expansion for solvers), an op_strategy rule as a
+    :class:`CheckedStrategy`."""
+    if rule.kind == "single_dim":
+        return SingleDimStrategy(rule.op, rule.strategy, n_outputs(rule.op), rule.allow_uneven_sharding, check_rows)
+    return CheckedStrategy(rule.strategy)
 
 
 # --------------------------------------------------------------------------- install
@@ -531,43 +535,9 @@ def _uninstall_ops(ops: Sequence[OpOverload]) -> None:
     _clear_caches()
 
 
-_META_ATTR = META_STEP_ATTR
-
-
 def _sync_meta_wrapper() -> None:
-    """Wrap the propagator's output-meta step while an installed rule has a ``meta_fallback``."""
-    prop = _propagator()
-    fallbacks = {op: _rules[op].meta_fallback for op in _saved if _rules[op].meta_fallback is not None}
-    wrapped = _META_ATTR in vars(prop)
-    if fallbacks and not wrapped:
-        original = getattr(prop, _META_ATTR)
-
-        def propagate(op_schema: OpSchema) -> Any:
-            try:
-                return original(op_schema)
-            except Exception as err:
-                fallback = _active_meta_fallbacks.get(op_schema.op)
-                if fallback is None:
-                    raise
-                return fallback(op_schema, err)
-
-        setattr(prop, _META_ATTR, propagate)
-        logging.getLogger(FAKE_TENSOR_LOGGER).addFilter(_quiet_handled_meta_failures)
-    elif not fallbacks and wrapped:
-        delattr(prop, _META_ATTR)  # the class method shows through again
-        logging.getLogger(FAKE_TENSOR_LOGGER).removeFilter(_quiet_handled_meta_failures)
-    _active_meta_fallbacks.clear()
-    _active_meta_fallbacks.update(fallbacks)
-
-
-_active_meta_fallbacks: dict[OpOverload, Callable[..., Any]] = {}
-
-
-def _quiet_handled_meta_failures(record: logging.LogRecord) -> bool:
-    """Drop fake-tensor's ERROR traceback for an op whose meta fallback handles the failure
-    (it either answers or re-raises the error to the caller, so the log only adds noise)."""
-    args = record.args if isinstance(record.args, tuple) else ()
-    return not (record.msg == META_FAILURE_MESSAGE and args and args[0] in _active_meta_fallbacks)
+    """Keep the ``meta_fallback`` patch's table equal to the installed rules' fallbacks."""
+    set_fallbacks({op: _rules[op].meta_fallback for op in _saved if _rules[op].meta_fallback is not None})
 
 
 def _clear_caches() -> None:

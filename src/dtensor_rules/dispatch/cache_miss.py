@@ -133,6 +133,8 @@ def _out_layout_error(op_call: Any, args: tuple[Any, ...], kwargs: dict[str, Any
 
 def _on_miss(original: Callable[..., Any]) -> Callable[..., Any]:
     def on_cache_miss(op_call: Any, args: Any, kwargs: Any, *rest: Any) -> Any:
+        if not kwargs and op_call is not _INDEX and op_call not in _FINISHERS:
+            return original(op_call, args, kwargs, *rest)  # nothing of ours to do: straight through
         if op_call is _INDEX and len(args) > 1 and isinstance(args[1], (list, tuple)) and any(is_mask(i) for i in args[1]):
             check_mask_shapes(tuple(args[0].shape), args[1])
             return dispatch_slow_path(op_call, (args[0], masks_to_indices(list(args[1])), *args[2:]), kwargs)

@@ -310,7 +310,7 @@ def priced_strategy(
     """
     memo = {} if memo is None else memo
     width = n_out + len(inputs)
-    layouts = {tuple(map(key, i.current.placements)) for i in inputs}
+    followed: set[tuple[int, int, tuple[int, ...]]] | None = None  # worked out when an input moves
     cols = [tuple(fill(r[j]) for r in per_dim) for j in range(width)]
     if any(mixes_partials([key(p) for p in c]) for c in cols):
         return None
@@ -327,8 +327,11 @@ def priced_strategy(
             ok = allow_uneven_sharding or is_tensor_shardable(i.current.tensor_meta.shape, spec, allow_unbacked_sharding=False)
             cost = 0.0
         else:
+            if followed is None:
+                followed = held_shardings(inputs)
             fits = None if not allow_uneven_sharding or i.shape is None else (
-                target_keys in layouts and collective_shards_fit(i.shape, current_keys, target_keys, mesh.shape)
+                follows_held(i.shape, target_keys, mesh.shape, followed)
+                and collective_shards_fit(i.shape, current_keys, target_keys, mesh.shape)
             )
             spec, ok, cost = _memo_move(memo, mesh, i.current, current_keys, pl, target_keys, fits)
         if not ok:
@@ -341,6 +344,120 @@ def priced_strategy(
     return OpSpec(output_specs=outs[0] if n_out == 1 else tuple(outs), input_specs=targets, redistribute_cost=costs)
 
 
+class Pricer:
+    """DTensor's redistribute cost of many candidate strategies of ONE dispatch call, without
+    building their specs (#21.1: the search priced up to 1024 products, each with full
+    ``DTensorSpec`` / ``OpSpec`` objects — scatter_add that moves on 8x8x8 was 11x upstream).
+
+    :meth:`cost` applies exactly :func:`priced_strategy`'s usability tests and sums the same
+    per-input costs in the same order, so the cheapest product is the same one; each input's move
+    to a target layout is worked out once (``memo``, shared with :func:`priced_strategy`, which
+    builds the winner's spec). Row keys are cached per row object."""
+
+    def __init__(self, mesh: Any, inputs: Sequence[Input], n_out: int, fixed: Mapping[int, int],
+                 allow_uneven_sharding: bool, memo: dict[Any, Any]) -> None:
+        self.mesh, self.inputs, self.n_out, self.fixed = mesh, inputs, n_out, fixed
+        self.allow_uneven_sharding, self.memo = allow_uneven_sharding, memo
+        self.mesh_shape = tuple(mesh.shape)
+        self.held = held_shardings(inputs)
+        self.current = [tuple(map(key, i.current.placements)) for i in inputs]
+        self._row_keys: dict[int, tuple[Row, list[Key]]] = {}  # id(row) -> (row kept alive, its keys)
+        self._moves: dict[tuple[int, Key], tuple[bool, float]] = {}  # (input, target keys) -> (usable, cost)
+
+    def _keys(self, row: Row) -> list[Key]:
+        got = self._row_keys.get(id(row))
+        if got is None:
+            got = self._row_keys[id(row)] = (row, [key(fill(p)) for p in row])
+        return got[1]
+
+    def _move(self, idx: int, target: Key) -> tuple[bool, float]:
+        got = self._moves.get((idx, target))
+        if got is not None:
+            return got
+        i, current = self.inputs[idx], self.current[idx]
+        if target == current:
+            ok = self.allow_uneven_sharding or is_tensor_shardable(
+                i.current.tensor_meta.shape, i.current, allow_unbacked_sharding=False)
+            got = (ok, 0.0)
+        else:
+            fits = None if not self.allow_uneven_sharding or i.shape is None else (
+                follows_held(i.shape, target, self.mesh_shape, self.held)
+                and collective_shards_fit(i.shape, current, target, self.mesh_shape)
+            )
+            pl = tuple(fill(self._placement(target, m)) for m in range(len(target)))
+            _, ok, cost = _memo_move(self.memo, self.mesh, i.current, current, pl, target, fits)
+            got = (ok, cost)
+        self._moves[(idx, target)] = got
+        return got
+
+    @staticmethod
+    def _placement(keys: Key, m: int) -> Any:
+        k = keys[m]
+        if k[0] == "R":
+            return Replicate()
+        if k[0] == "S":
+            return Shard(k[1])
+        if k[0] == "P":
+            return Partial(k[1])
+        raise KeyError(k)  # (never: the cost of a row with another placement goes through priced_strategy)
+
+    def cost(self, per_dim: Sequence[Row]) -> float | None:
+        """:func:`priced_strategy`'s total cost of ``per_dim``, or None where it returns None."""
+        keys = [self._keys(r) for r in per_dim]
+        n_out = self.n_out
+        for j in range(n_out + len(self.inputs)):
+            if mixes_partials([k[j] for k in keys]):
+                return None
+        total = 0.0
+        for idx in range(len(self.inputs)):
+            target = tuple(k[n_out + idx] for k in keys)
+            if idx in self.fixed and target != self.current[idx]:
+                return None
+            ok, c = self._move(idx, target)
+            if not ok:
+                return None
+            total += c
+        if n_out == 1 and all(r[0] is None for r in per_dim):
+            return None
+        return total
+
+    def plain(self, per_dim: Sequence[Row]) -> bool:
+        """Whether every placement of ``per_dim`` is plain (else price it with the full spec)."""
+        return all(k[0] in ("R", "S", "P") for r in per_dim for k in self._keys(r)[self.n_out:])
+
+
+def held_shardings(inputs: Sequence[Input]) -> set[tuple[int, int, tuple[int, ...]]]:
+    """(tensor rank, tensor dim, mesh dims sharding it) for every sharded dim of every input's
+    current layout: the shardings dispatch may follow even where a dim is smaller than its shard
+    count (:func:`follows_held`)."""
+    held = set()
+    for i in inputs:
+        keys = [key(p) for p in i.current.placements]
+        ndim = len(i.current.tensor_meta.shape)
+        for d in {k[1] for k in keys if k[0] == "S"}:
+            held.add((ndim, d, tuple(m for m, k in enumerate(keys) if k == ("S", d))))
+    return held
+
+
+def follows_held(
+    shape: Sequence[int], target: Sequence[Key], mesh_sizes: Sequence[int], held: set[tuple[int, int, tuple[int, ...]]]
+) -> bool:
+    """Whether every dim of ``shape`` that ``target`` shards into more pieces than it has rows is
+    sharded over exactly the mesh dims some input's current layout shards that dim over (#18.6).
+
+    Upstream's own strategies (softmax backward, cat, scatter) follow an input's layout dim by dim
+    without a shardability test: g (R, R) and y (S(0), S(1)) of a 1x1 tensor go to (R, S(1)).
+    Following a held sharding is what they do; making a new one of a too-small dim is refused
+    (it only looks cheaper to the cost model, and a later view of that dim fails)."""
+    count: dict[int, int] = {}
+    over: dict[int, list[int]] = {}
+    for m, k in enumerate(target):
+        if k[0] == "S":
+            count[k[1]] = count.get(k[1], 1) * mesh_sizes[m]
+            over.setdefault(k[1], []).append(m)
+    return all(n <= shape[d] or (len(shape), d, tuple(over[d])) in held for d, n in count.items())
+
+
 def _memo_move(
     memo: dict[Any, Any], mesh: Any, src: DTensorSpec, src_keys: Key, pl: tuple[Any, ...], dst_keys: Key,
     fits: bool | None = None,
@@ -351,11 +468,10 @@ def _memo_move(
     shape is worked out each time.
 
     Usable: upstream's ``is_tensor_shardable`` (never guarding on a symbolic size), or ``fits``:
-    for a static shape under a rule that allows uneven shards, the target is the layout another
-    input already has and :func:`collective_shards_fit` — a dim smaller than its shard count is
-    followed as upstream 2.13's own ``cat``/``scatter`` strategies follow an input's layout,
-    never made anew (a size-1 dim sharded over 8 ranks would only look cheaper to the cost
-    model, and a later view of that dim fails)."""
+    for a static shape under a rule that allows uneven shards, every too-small dim of the target
+    is sharded as some input's current layout shards it (:func:`follows_held`) and
+    :func:`collective_shards_fit` — a dim smaller than its shard count is followed as upstream
+    2.13's own ``cat``/``scatter``/``softmax`` strategies follow an input's layout, never made anew."""
     meta = src.tensor_meta
     try:
         memo_key = (src_keys, meta, dst_keys)
@@ -401,6 +517,8 @@ def descend(
     """
     best = _total(spec)
     rows = list(per_dim)
+    start = rows
+    pricer = Pricer(mesh, inputs, n_out, fixed, allow_uneven_sharding, memo)
     replicate: Row = [Replicate()] * (n_out + len(inputs))
     current = [[key(i.current.placements[m]) for i in inputs] for m in range(mesh.ndim)]
     improved = True
@@ -416,10 +534,22 @@ def descend(
                 if any(transition_weight(c, t, i.integral) == INF for c, t, i in zip(current[m], targets, inputs)):
                     continue
                 trial = [*rows[:m], row, *rows[m + 1 :]]
-                priced = priced_strategy(mesh, inputs, trial, n_out, fixed, allow_uneven_sharding, memo)
-                if priced is not None and _total(priced) < best:
-                    rows, spec, best, improved = trial, priced, _total(priced), True
+                cost = _cost(pricer, trial)
+                if cost is not None and cost < best:
+                    rows, best, improved = trial, cost, True
+    if rows is not start:
+        spec = priced_strategy(mesh, inputs, rows, n_out, fixed, allow_uneven_sharding, memo)  # type: ignore[assignment]
+        assert spec is not None  # the pricer priced it: the same tests pass
     return rows, spec
+
+
+def _cost(pricer: Pricer, per_dim: Sequence[Row]) -> float | None:
+    """The total cost of ``per_dim`` (None: unusable), through the pricer where its rows are plain."""
+    if pricer.plain(per_dim):
+        return pricer.cost(per_dim)
+    priced = priced_strategy(pricer.mesh, pricer.inputs, per_dim, pricer.n_out, pricer.fixed,
+                             pricer.allow_uneven_sharding, pricer.memo)
+    return None if priced is None else _total(priced)
 
 
 def _search(
@@ -442,28 +572,40 @@ def _search(
     stay as they are, picked first, is not blocked by an earlier choice), and the cheapest is
     improved by :func:`descend`."""
     per_dim = _usable_rows(mesh, inputs, dispatch_rows, n_out, fixed)
+    pricer = Pricer(mesh, inputs, n_out, fixed, allow_uneven_sharding, memo)
+    best_rows, best_cost = chosen, INF if spec is None else _total(spec)
     if math.prod(len(r) for r in per_dim) <= EXHAUSTIVE_PRODUCTS:
-        best_rows, best, best_cost = chosen, spec, INF if spec is None else _total(spec)
         for combo in itertools.product(*per_dim):
-            priced = priced_strategy(mesh, inputs, list(combo), n_out, fixed, allow_uneven_sharding, memo)
-            if priced is not None and _total(priced) < best_cost:
-                best_rows, best, best_cost = list(combo), priced, _total(priced)
+            cost = _cost(pricer, combo)
+            if cost is not None and cost < best_cost:
+                best_rows, best_cost = list(combo), cost
+        best = _spec_of(pricer, best_rows, chosen, spec)
         return None if best is None else (best_rows, best)
     sizes = tuple(mesh.shape) if allow_uneven_sharding else None
-    best_rows, best, best_cost = chosen, spec, INF if spec is None else _total(spec)
     for order in _orders(mesh.ndim):
         rows = greedy_rows(inputs, mesh.ndim, dispatch_rows, n_out, fixed, sizes, order)
         if rows is None or all(a is b for a, b in zip(rows, best_rows)):
             continue
-        priced = priced_strategy(mesh, inputs, rows, n_out, fixed, allow_uneven_sharding, memo)
-        if priced is not None and _total(priced) < best_cost:
-            best_rows, best, best_cost = rows, priced, _total(priced)
+        cost = _cost(pricer, rows)
+        if cost is not None and cost < best_cost:
+            best_rows, best_cost = rows, cost
+    best = _spec_of(pricer, best_rows, chosen, spec)
     if best is None:
         return None
     return descend(mesh, inputs, dispatch_rows, best_rows, best, n_out, fixed, allow_uneven_sharding, memo)
 
 
 EXHAUSTIVE_PRODUCTS = 1024
+
+
+def _spec_of(pricer: Pricer, rows: list[Row], chosen: list[Row], spec: OpSpec | None) -> OpSpec | None:
+    """The priced spec of the winning ``rows`` (``spec`` when the greedy's own ``chosen`` won)."""
+    if rows is chosen:
+        return spec
+    built = priced_strategy(pricer.mesh, pricer.inputs, rows, pricer.n_out, pricer.fixed,
+                            pricer.allow_uneven_sharding, pricer.memo)
+    assert built is not None  # the pricer priced it: the same tests pass
+    return built
 
 
 def _usable_rows(
