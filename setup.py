@@ -18,7 +18,8 @@ setup(
     python_requires=">=3.10",
     install_requires=["torch>=2.13,<2.15", "numpy"],  # tested: 2.13.0, 2.14.1; raise the bound once the next release passes
     extras_require={
-        "test": ["pytest", "pytest-xdist", "hypothesis", "expecttest"],
+        # pulp: tests/test_solver_moe.py runs the solver (the [solver] extra), so the default test run covers it
+        "test": ["pytest", "pytest-xdist", "hypothesis", "expecttest", "pulp"],
         "triton": ["triton"],
         "solver": ["pulp"],  # dtensor_rules.solver: the ILP placement solver (PuLP bundles CBC)
         # torchtitan's MoE as an expert_parallel target and its custom ops' DTensor rules;

@@ -130,3 +130,23 @@ def test_solver_mode_rows_cost_at_most_ten_percent_more_variables_and_no_worse_o
     assert ours.variables <= 1.1 * upstream.variables < full.variables
     assert ours.objective_us <= upstream.objective_us * (1 + 1e-9)
     assert ours.objective_us <= full.objective_us * (1 + 1e-6)  # a dominated row is never the cheaper one
+
+
+@pytest.mark.slow  # starts a process (see pyproject.toml)
+def test_benchmark_prints_the_table_and_runs_each_choice() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    run = subprocess.run([sys.executable, "benchmarks/solver_moe.py", "--quick", "--mesh", "4", "--cap", "0.5"],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| (4,)")]
+    assert [r.split("|")[2].strip() for r in rows] == ["ours", "ours-full", "upstream"]
+    applied = [line for line in run.stdout.splitlines() if line.startswith("(4,) ")]
+    assert len(applied) == 3 and all("applied: " in a and "not run" not in a for a in applied)
+    # each choice, run on the simulated mesh, equals one device to fp32 rounding
+    assert all(float(a.rsplit("applied: ", 1)[1]) < 1e-5 for a in applied)

@@ -10,11 +10,10 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Partial, Replicate, Shard
 
-import dtensor_rules  # noqa: F401  (installs the rules)
 from dtensor_rules._upstream import (
     DTensorSpec, OpSchema, OpSpec, OpStrategy, RuntimeSchemaInfo, TensorMeta, TupleStrategy, propagator,
 )
-from dtensor_rules.core.solver_rows import full_enumeration, is_full_enumeration
+from dtensor_rules.core.solver_rows import full_enumeration, is_full_enumeration  # importing the package installs the rules
 from dtensor_rules.testing import fake_world
 
 aten = torch.ops.aten
