@@ -125,14 +125,20 @@ def test_status_lists_the_rules_as_deferred_until_torchtitan_defines_the_ops() -
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
 
+def _slow(name: str, mesh: tuple[int, ...]) -> bool:
+    """Validator cases over ~9 s on the loaded 2-core machine: the MLA ops (4-D operands, every layout of
+    4 tensors: 20-45 s each) and silu_and_mul_backward on (2,) (3 samples x 5 tensors, ~10 s)."""
+    return name.startswith("fused_mla") or (name, mesh) == ("silu_and_mul_backward", (2,))
+
+
 def _samples(op: torch._ops.OpOverload) -> list[Sample]:
     return [Sample(tuple(a), dict(k)) for a, k in registry.get_rule(op).samples()]
 
 
 @pytest.mark.parametrize("name,mesh_shape", [
-    pytest.param(name, mesh, marks=[pytest.mark.slow] if (name, mesh) == ("silu_and_mul_backward", (2,)) else [])
+    pytest.param(name, mesh, marks=[pytest.mark.slow] if _slow(name, mesh) else [], id=f"{name}-{'x'.join(map(str, mesh))}")
     for name in OPS for mesh in [(2,), (2, 2)]
-])  # the backward on (2,): 3 samples x 5 tensors, ~10 s on a loaded 2-core machine
+])
 def test_rule_matches_ground_truth(titan_ops: dict, name: str, mesh_shape: tuple[int, ...]) -> None:
     """The validator runs the op on every simulated rank for every input layout: our rows are all
     correct, and no layout that ground truth accepts is missing (bf16 and offsets samples included;

@@ -87,12 +87,14 @@ P(avg), R|P(avg|max|min) R, P(avg), R, R        grad_k_pe does not read grad_v: 
 P(avg), P(avg)           P(avg), R, R, R        affine in grad_k for the mean
 =======================  =====================  ==========================================================
 
-Not offered: gate Partial (silu is not linear), P(max/min) (the other factor's sign flips the
-order), S(0) with offsets (above). Partial rows need floating inputs (``partial_ops``).
+Not offered. silu ops: gate Partial (silu is not linear), P(max/min) (the other factor's sign
+flips the order), S(0) with offsets (above). MLA ops: P(max/min) (the rotation mixes signs), a
+shard of the last dim (rope pairs, the nope/rope split), the cache sharded or Partial (a lookup
+table indexed by position). Partial rows need floating inputs (``partial_ops``).
 
 Registration: a post-import hook (:func:`dtensor_rules.core.post_import.when_imported`) on each
 defining module, the named patch ``torchtitan_rules`` (docs/patches.md). Before torchtitan is
-imported, ``status().deferred`` lists the three rules as waiting, like ``prims.fma``; importing
+imported, ``status().deferred`` lists the five rules as waiting, like ``prims.fma``; importing
 the module registers the rule (and installs it if the package's rules are installed).
 """
 
@@ -313,7 +315,8 @@ def _announce() -> None:
         changes="a post-import hook (sys.meta_path) on " + ", ".join(sorted({s.module for s in TORCHTITAN_OPS}))
         + ": when torchtitan defines its custom ops there, their DTensor rules are registered (and installed if "
         "ours are); nothing of torchtitan is imported by the package",
-        reason="torchtitan's custom ops (deterministic_scatter_add in its MoE combine, silu_and_mul) have no "
+        reason="torchtitan's custom ops (deterministic_scatter_add in its MoE combine, silu_and_mul, the fused MLA "
+        "rope ops) have no "
         "sharding strategy, so its MoE written on DTensors stops at them",
         waits_for=", ".join(sorted({s.module for s in TORCHTITAN_OPS})),
         pending=_pending,
