@@ -47,7 +47,8 @@ def test_status_lists_every_shipped_rule_and_patch_before_inductor_is_imported()
 
 # torchtitan's Triton ops: CUDA kernels only, so `validate` cannot run them on a CPU machine;
 # tests/test_torchtitan_ops.py validates them with a CPU reference kernel
-CUDA_ONLY = {"torchtitan.silu_and_mul.default", "torchtitan.silu_and_mul_backward.default"}
+CUDA_ONLY = {"torchtitan.silu_and_mul.default", "torchtitan.silu_and_mul_backward.default",
+             "torchtitan.fused_mla_k_rope.default", "torchtitan.fused_mla_kv_backward.default"}
 
 
 @pytest.mark.parametrize("name", shipped())

@@ -35,7 +35,7 @@ from dtensor_rules.testing.simulate import Sample
 from dtensor_rules.testing.tables import emitted
 from tests._torchtitan import require_torchtitan
 
-OPS = ("deterministic_scatter_add", "silu_and_mul", "silu_and_mul_backward")
+OPS = ("deterministic_scatter_add", "silu_and_mul", "silu_and_mul_backward", "fused_mla_k_rope", "fused_mla_kv_backward")
 
 
 def _rows_before(n: int, offsets: torch.Tensor | None, device: torch.device) -> torch.Tensor:
@@ -58,12 +58,45 @@ def _silu_and_mul_backward_cpu(grad: torch.Tensor, gate: torch.Tensor, up: torch
     return grad_gate, grad_up
 
 
+def _rotate(x: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor, inverse: bool) -> torch.Tensor:
+    """torchtitan's ComplexRoPE on adjacent pairs of the last dim, in float32 (the kernels' math)."""
+    cs = cache[positions].float()  # (B, L, R/2, 2)
+    cos, sin = cs[..., 0], cs[..., 1]
+    while cos.ndim < x.ndim:  # broadcast over heads
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    even, odd = x.float()[..., 0::2], x.float()[..., 1::2]
+    if inverse:
+        out = torch.stack([even * cos + odd * sin, odd * cos - even * sin], dim=-1)
+    else:
+        out = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
+    return out.flatten(-2)
+
+
+def _fused_mla_k_rope_cpu(kv: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor,
+                          q_nope_dim: int) -> torch.Tensor:
+    rope = _rotate(k_pe, cache, positions, inverse=False).to(kv.dtype)
+    heads = kv.shape[2]
+    return torch.cat([kv[..., :q_nope_dim], rope.unsqueeze(2).expand(-1, -1, heads, -1)], dim=-1).contiguous()
+
+
+def _fused_mla_kv_backward_cpu(grad_k: torch.Tensor, grad_v: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor,
+                               q_nope_dim: int, rope_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    grad_kv = torch.cat([grad_k[..., :q_nope_dim], grad_v], dim=-1).contiguous()
+    summed = grad_k[..., q_nope_dim:].float().sum(dim=2)
+    if grad_k.dtype in (torch.bfloat16, torch.float16):  # the kernel keeps eager's rounding of the head sum
+        summed = summed.to(grad_k.dtype).float()
+    return grad_kv, _rotate(summed, cache, positions, inverse=True).to(grad_k.dtype)
+
+
 @pytest.fixture(scope="module")
 def titan_ops() -> Iterator[dict[str, torch._ops.OpOverload]]:
     """The three ops, defined by torchtitan's modules; the two CUDA-only ones get a CPU kernel until teardown."""
     require_torchtitan("torchtitan.ops.scatter_add")
     require_torchtitan("torchtitan.overrides.fused_swiglu")
+    require_torchtitan("torchtitan.overrides.fused_mla")
     lib = torch.library.Library("torchtitan", "IMPL")
+    lib.impl("fused_mla_k_rope", _fused_mla_k_rope_cpu, "CPU")
+    lib.impl("fused_mla_kv_backward", _fused_mla_kv_backward_cpu, "CPU")
     lib.impl("silu_and_mul", _silu_and_mul_cpu, "CPU")
     lib.impl("silu_and_mul_backward", _silu_and_mul_backward_cpu, "CPU")
     try:
@@ -92,14 +125,20 @@ def test_status_lists_the_rules_as_deferred_until_torchtitan_defines_the_ops() -
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
 
+def _slow(name: str, mesh: tuple[int, ...]) -> bool:
+    """Validator cases over ~9 s on the loaded 2-core machine: the MLA ops (4-D operands, every layout of
+    4 tensors: 20-45 s each) and silu_and_mul_backward on (2,) (3 samples x 5 tensors, ~10 s)."""
+    return name.startswith("fused_mla") or (name, mesh) == ("silu_and_mul_backward", (2,))
+
+
 def _samples(op: torch._ops.OpOverload) -> list[Sample]:
     return [Sample(tuple(a), dict(k)) for a, k in registry.get_rule(op).samples()]
 
 
 @pytest.mark.parametrize("name,mesh_shape", [
-    pytest.param(name, mesh, marks=[pytest.mark.slow] if (name, mesh) == ("silu_and_mul_backward", (2,)) else [])
+    pytest.param(name, mesh, marks=[pytest.mark.slow] if _slow(name, mesh) else [], id=f"{name}-{'x'.join(map(str, mesh))}")
     for name in OPS for mesh in [(2,), (2, 2)]
-])  # the backward on (2,): 3 samples x 5 tensors, ~10 s on a loaded 2-core machine
+])
 def test_rule_matches_ground_truth(titan_ops: dict, name: str, mesh_shape: tuple[int, ...]) -> None:
     """The validator runs the op on every simulated rank for every input layout: our rows are all
     correct, and no layout that ground truth accepts is missing (bf16 and offsets samples included;

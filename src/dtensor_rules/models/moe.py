@@ -43,6 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dtensor_rules.models.routing import node_limited, router_scores
+
 __all__ = ["MoEConfig", "MoE", "alignment_for", "shard_moe"]
 
 
@@ -134,8 +136,6 @@ class MoE(nn.Module):
     # ------------------------------------------------------------------ pieces
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (T, dim) -> (expert ids (T, k) int64, weights (T, k) in x's dtype)."""
-        from dtensor_rules.models.routing import node_limited, router_scores
-
         c = self.config
         scores = router_scores(torch.mm(x, self.gate.t()), c.score_func)
         select = scores + self.expert_bias if self.expert_bias is not None else scores

@@ -10,8 +10,9 @@ op                                      module that defines it                 h
 deterministic_scatter_add               torchtitan.ops.scatter_add             rule, cost, samples
 silu_and_mul                            torchtitan.overrides.fused_swiglu      rule, cost, samples (CUDA-only op)
 silu_and_mul_backward                   torchtitan.overrides.fused_swiglu      rule, cost, samples (CUDA-only op)
-fused_mla_q_rope_, fused_mla_k_rope,    torchtitan.overrides.fused_mla         not covered (in-place MLA rope
-fused_mla_kv_backward                                                          kernels; see docs/custom_ops.md)
+fused_mla_k_rope                        torchtitan.overrides.fused_mla         rule, cost, samples (CUDA-only op)
+fused_mla_kv_backward                   torchtitan.overrides.fused_mla         rule, cost, samples (CUDA-only op)
+fused_mla_q_rope_                       torchtitan.overrides.fused_mla         not covered (in place, no fake impl)
 helion_{cossin,complex}_rope_{fwd,bwd}  torchtitan.overrides.helion_rope       not covered (need helion)
 ======================================  =====================================  =====================================
 
@@ -58,12 +59,42 @@ P(op), R|P(avg|max|min)  R, R, P(op)            grad_gate is linear in up; grad_
                                                 it is identical on every rank (R, or any mean/max/min)
 =======================  =====================  ==========================================================
 
-Not offered: gate Partial (silu is not linear), P(max/min) (the other factor's sign flips the
-order), S(0) with offsets (above). Partial rows need floating inputs (``partial_ops``).
+fused_mla_k_rope(kv (B, L, H, nope + V), k_pe (B, L, R), cache (M, R/2, 2), positions (B, L),
+q_nope_dim) -> k (B, L, H, nope + R): ``k[..., :nope] = kv[..., :nope]``, ``k[..., nope:]`` = k_pe
+rotated by the rope of ``positions`` (the same for every head) — ``[k, kv, k_pe, cache, positions]``:
+
+=======================  =====================  ==========================================================
+k                        kv, k_pe, cache, pos   why it is valid
+=======================  =====================  ==========================================================
+S(0) / S(1)              S(d), S(d), R, S(d)    tokens (batch / sequence) are independent
+S(2)                     S(2), R, R, R          heads are independent; every head reads the whole k_pe
+P(sum)                   P, P, R, R             linear in (kv, k_pe) jointly (the rotation is linear)
+P(avg)                   P|R, R|P, R, R         affine: the mean of a replicated operand is itself
+=======================  =====================  ==========================================================
+
+fused_mla_kv_backward(grad_k (B, L, H, nope + R), grad_v (B, L, H, V), cache, positions,
+q_nope_dim, rope_dim) -> (grad_kv = cat(grad_k[..., :nope], grad_v), grad_k_pe = inverse rope of
+grad_k[..., nope:] summed over heads) — ``[grad_kv, grad_k_pe, grad_k, grad_v, cache, positions]``:
+
+=======================  =====================  ==========================================================
+grad_kv, grad_k_pe       grad_k, grad_v, ...    why it is valid
+=======================  =====================  ==========================================================
+S(0), S(0) / S(1), S(1)  S(d), S(d), R, S(d)    tokens are independent
+S(2), P(sum)             S(2), S(2), R, R       heads: grad_k_pe sums over heads, so each rank's is a part
+                                                (a bf16/fp16 sum is rounded per rank, then summed)
+P(op), P(op)             P(op), P(op), R, R     linear in (grad_k, grad_v) jointly (op sum or avg)
+P(avg), R|P(avg|max|min) R, P(avg), R, R        grad_k_pe does not read grad_v: identical on every rank
+P(avg), P(avg)           P(avg), R, R, R        affine in grad_k for the mean
+=======================  =====================  ==========================================================
+
+Not offered. silu ops: gate Partial (silu is not linear), P(max/min) (the other factor's sign
+flips the order), S(0) with offsets (above). MLA ops: P(max/min) (the rotation mixes signs), a
+shard of the last dim (rope pairs, the nope/rope split), the cache sharded or Partial (a lookup
+table indexed by position). Partial rows need floating inputs (``partial_ops``).
 
 Registration: a post-import hook (:func:`dtensor_rules.core.post_import.when_imported`) on each
 defining module, the named patch ``torchtitan_rules`` (docs/patches.md). Before torchtitan is
-imported, ``status().deferred`` lists the three rules as waiting, like ``prims.fma``; importing
+imported, ``status().deferred`` lists the five rules as waiting, like ``prims.fma``; importing
 the module registers the rule (and installs it if the package's rules are installed).
 """
 
@@ -88,12 +119,13 @@ from dtensor_rules.ops.gather_scatter import scatter_add_strategy
 from dtensor_rules.patches import guarded
 
 __all__ = ["TORCHTITAN_OPS", "deterministic_scatter_add_strategy", "silu_and_mul_strategy",
-           "silu_and_mul_backward_strategy"]
+           "silu_and_mul_backward_strategy", "fused_mla_k_rope_strategy", "fused_mla_kv_backward_strategy"]
 
 Row = list[PlacementOrHole]
 R: Placement = Replicate()
 SCATTER_ADD = "torchtitan.ops.scatter_add"
 FUSED_SWIGLU = "torchtitan.overrides.fused_swiglu"
+FUSED_MLA = "torchtitan.overrides.fused_mla"
 
 
 def deterministic_scatter_add_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
@@ -155,6 +187,58 @@ def silu_and_mul_backward_cost(op: OpOverload, args: tuple, kwargs: dict) -> OpC
                   family="pointwise")
 
 
+def fused_mla_k_rope_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
+    """Tokens and heads shard; linear in (kv, k_pe) (see the table above)."""
+    kv, k_pe = metas(args)[:2]
+    rows: list[Row] = [[Shard(d), Shard(d), Shard(d), R, Shard(d)] for d in (0, 1)]
+    rows.append([Shard(2), Shard(2), R, R, R])
+    ops = partial_ops([kv.dtype, k_pe.dtype])
+    if "sum" in ops:
+        P = Partial("sum")
+        rows.append([P, P, P, R, R])
+    if "avg" in ops:
+        A = Partial("avg")
+        rows += [[A, a, b, R, R] for a, b in ((A, A), (A, R), (R, A))]
+    return rows
+
+
+def fused_mla_kv_backward_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
+    """Tokens shard; heads shard with grad_k_pe Partial(sum); linear in the gradients."""
+    grad_k, grad_v = metas(args)[:2]
+    rows: list[Row] = [[Shard(d), Shard(d), Shard(d), Shard(d), R, Shard(d)] for d in (0, 1)]
+    ops = partial_ops([grad_k.dtype, grad_v.dtype])
+    if "sum" in ops:
+        P = Partial("sum")
+        rows.append([Shard(2), P, Shard(2), Shard(2), R, R])
+        rows.append([P, P, P, P, R, R])
+    if "avg" in ops:
+        A = Partial("avg")
+        rows += [[A, A, A, A, R, R], [A, A, A, R, R, R]]
+        rows += [[A, same, R, A, R, R] for same in (R, A, Partial("max"), Partial("min"))]
+    return rows
+
+
+def fused_mla_k_rope_cost(op: OpOverload, args: tuple, kwargs: dict) -> OpCost:
+    """Copies kv's nope part, rotates k_pe once per token (6 flops a pair), writes k (every head)."""
+    kv, k_pe = args[:2]
+    B, L, H = kv.shape[:3]
+    nope, rope = args[4], k_pe.shape[-1]
+    out = B * L * H * (nope + rope) * kv.element_size()
+    read = B * L * H * nope * kv.element_size() + k_pe.nbytes + B * L * (rope * 4 + 8)
+    return OpCost(3 * B * L * rope, read, out, dtype=torch.float32, family="pointwise")
+
+
+def fused_mla_kv_backward_cost(op: OpOverload, args: tuple, kwargs: dict) -> OpCost:
+    """Copies grad_k's nope part and grad_v, sums grad_k's rope part over heads, rotates it back."""
+    grad_k, grad_v = args[:2]
+    B, L, H = grad_k.shape[:3]
+    nope, rope = args[4], args[5]
+    isz = grad_k.element_size()
+    written = B * L * H * (nope + grad_v.shape[-1]) * isz + B * L * rope * isz
+    read = grad_k.nbytes + grad_v.nbytes + B * L * (rope * 4 + 8)
+    return OpCost(B * L * H * rope + 3 * B * L * rope, read, written, dtype=torch.float32, family="pointwise")
+
+
 class _Spec:
     """One torchtitan op: its name, the module whose import defines it, and its whole contract."""
 
@@ -185,6 +269,9 @@ TORCHTITAN_OPS = (
     _Spec("silu_and_mul", FUSED_SWIGLU, silu_and_mul_strategy, silu_and_mul_cost, "silu_and_mul_samples"),
     _Spec("silu_and_mul_backward", FUSED_SWIGLU, silu_and_mul_backward_strategy, silu_and_mul_backward_cost,
           "silu_and_mul_backward_samples"),
+    _Spec("fused_mla_k_rope", FUSED_MLA, fused_mla_k_rope_strategy, fused_mla_k_rope_cost, "fused_mla_k_rope_samples"),
+    _Spec("fused_mla_kv_backward", FUSED_MLA, fused_mla_kv_backward_strategy, fused_mla_kv_backward_cost,
+          "fused_mla_kv_backward_samples"),
 )
 
 
@@ -228,7 +315,8 @@ def _announce() -> None:
         changes="a post-import hook (sys.meta_path) on " + ", ".join(sorted({s.module for s in TORCHTITAN_OPS}))
         + ": when torchtitan defines its custom ops there, their DTensor rules are registered (and installed if "
         "ours are); nothing of torchtitan is imported by the package",
-        reason="torchtitan's custom ops (deterministic_scatter_add in its MoE combine, silu_and_mul) have no "
+        reason="torchtitan's custom ops (deterministic_scatter_add in its MoE combine, silu_and_mul, the fused MLA "
+        "rope ops) have no "
         "sharding strategy, so its MoE written on DTensors stops at them",
         waits_for=", ".join(sorted({s.module for s in TORCHTITAN_OPS})),
         pending=_pending,

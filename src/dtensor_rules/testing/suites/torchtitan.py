@@ -42,3 +42,28 @@ def silu_and_mul_backward_samples() -> Samples:
         ((_r(g, 7, 4, dtype=torch.bfloat16), _r(g, 7, 4, dtype=torch.bfloat16) * 0.2, _r(g, 7, 4, dtype=torch.bfloat16)), {}),
         ((_r(g, 6, 5), _r(g, 6, 5), _r(g, 6, 5), torch.tensor([3, 5], dtype=torch.int32)), {}),
     ]
+
+
+def _rope_inputs(g: torch.Generator, B: int, L: int, rope: int, max_pos: int = 9) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (max_pos, rope/2, 2) cos/sin cache of real angles and (B, L) positions into it."""
+    angles = torch.rand(max_pos, rope // 2, generator=g) * 6.3
+    cache = torch.stack([angles.cos(), angles.sin()], dim=-1)
+    return cache, torch.randint(0, max_pos, (B, L), generator=g)
+
+
+def fused_mla_k_rope_samples() -> Samples:
+    g = generator(63)
+    out = []
+    for B, L, H, nope, V, rope, dtype in ((3, 5, 4, 4, 6, 4, torch.float32), (2, 3, 3, 2, 2, 6, torch.bfloat16)):
+        cache, pos = _rope_inputs(g, B, L, rope)
+        out.append(((_r(g, B, L, H, nope + V, dtype=dtype), _r(g, B, L, rope, dtype=dtype), cache, pos, nope), {}))
+    return out
+
+
+def fused_mla_kv_backward_samples() -> Samples:
+    g = generator(64)
+    out = []
+    for B, L, H, nope, V, rope, dtype in ((3, 5, 4, 4, 6, 4, torch.float32), (2, 3, 3, 2, 2, 6, torch.bfloat16)):
+        cache, pos = _rope_inputs(g, B, L, rope)
+        out.append(((_r(g, B, L, H, nope + rope, dtype=dtype), _r(g, B, L, H, V, dtype=dtype), cache, pos, nope, rope), {}))
+    return out
