@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from expecttest import TestCase
 
@@ -125,6 +126,7 @@ def test_every_moe_op_gets_a_cost_on_each_profile() -> None:
 
 
 class TestMoEBlockGolden(TestCase):
+    @pytest.mark.slow  # ~15 s: traces the MoE block twice (CLI and demo)
     def test_cli_and_demo_trace_the_same_named_model(self) -> None:
         """`coverage` and demo section 2 trace one model (`moe_example`) and both outputs name it (#13)."""
         import io

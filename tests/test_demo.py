@@ -123,6 +123,7 @@ rank (ep, tp)  rows held
 (1, 1)         8, 9
 """)
 
+    @pytest.mark.slow  # ~11 s: runs the demo's expert-parallel section
     def test_expert_parallel_section(self) -> None:
         """Where EP parameters and gradients live and what one step communicates (section 6)."""
         from dtensor_rules.cli.demo_ep import section_expert_parallel

@@ -34,6 +34,7 @@ SHIPPED = {
     "deferred_fma": True,
     "ragged_redistribute": True,
     "ragged_guard": True,
+    "per_rank_generators": True,
 }
 
 
@@ -90,6 +91,7 @@ import torch
 import torch.distributed.tensor
 import torch.fx.experimental.proxy_tensor as proxy_tensor
 import torch.distributed.tensor._ops._pointwise_ops as pointwise
+import torch.distributed._local_tensor as local_tensor
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.distributed.tensor.placement_types import Partial
@@ -107,6 +109,8 @@ def snapshot():
         "slow_path": vars(d).get("_propagate_op_sharding_dispatch_slow_path"),
         "meta_step": vars(p).get("_propagate_tensor_meta_non_cached"),
         "inductor_prims": pointwise.register_inductor_prims,
+        "per_rank_run": local_tensor._for_each_rank_run_func,
+        "per_rank_map": local_tensor._map_to_rank_local_val,
         "meta_path": list(sys.meta_path),
         "redistribute": DTensor.__dict__["redistribute"],
         "redistribute_local": [m.redistribute_local_tensor for m in (_redistribute, _dispatch, _api)],
@@ -138,8 +142,8 @@ def test_uninstall_gives_back_torchs_own_objects_and_later_imports_stay_pristine
         import dtensor_rules
         installed = snapshot()
         changed = same(pristine, installed)
-        assert {"tracker", "partition", "shallow_copy", "slow_path", "meta_step", "inductor_prims", "meta_path", "redistribute",
-                "redistribute_local", "distribute"} <= set(changed), changed
+        assert {"tracker", "partition", "shallow_copy", "slow_path", "meta_step", "inductor_prims", "meta_path",
+                "per_rank_run", "per_rank_map", "redistribute", "redistribute_local", "distribute"} <= set(changed), changed
         dtensor_rules.uninstall()
         assert same(pristine, snapshot()) == [], same(pristine, snapshot())
         assert all(s.state == "off" for s in dtensor_rules.status().patches.values())

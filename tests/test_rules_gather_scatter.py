@@ -66,6 +66,7 @@ def test_scatter_add_every_emitted_strategy_is_correct(call) -> None:  # noqa: A
     assert_no_incorrect(aten.scatter_add.default, (self_t, dim, index, src), {}, mesh)
 
 
+@pytest.mark.slow  # ~13 s: every emitted strategy of five reduce modes
 @given(indexed_call(with_src=True), st.sampled_from(["sum", "mean", "amax", "amin", "prod"]), st.booleans())
 def test_scatter_reduce_every_emitted_strategy_is_correct(call, reduce, include_self) -> None:  # noqa: ANN001
     mesh, self_t, dim, index, src = call

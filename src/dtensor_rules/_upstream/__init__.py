@@ -82,6 +82,7 @@ from dtensor_rules._upstream.tensors import (
     mesh_coordinate,
     num_devices_per_host,
     per_rank_copies,
+    per_rank_run_hooks,
     rank_map,
     rank_tensors,
     set_spec,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed._local_tensor as _local_tensor_module
 from torch.distributed._local_tensor import (
     LocalTensor,
     LocalTensorMode,
@@ -31,6 +32,7 @@ __all__ = [
     "mesh_coordinate",
     "num_devices_per_host",
     "per_rank_copies",
+    "per_rank_run_hooks",
     "rank_map",
     "rank_tensors",
     "set_spec",
@@ -83,3 +85,38 @@ def per_rank_copies(t: torch.Tensor) -> torch.Tensor:
         return t
     value = t.detach()
     return mode.rank_map(lambda _rank: value.clone(memory_format=torch.preserve_format))
+
+
+class _PerRankRunHooks:
+    """LocalTensorMode's per-rank loop, reached by two module globals it looks up at call time:
+    ``_for_each_rank_run_func(func, ranks, args, kwargs, *, alias)`` runs ``func`` once per rank and
+    ``_map_to_rank_local_val(value, rank)`` hands each argument to one rank's call (in rank order,
+    right before that rank's call). :meth:`wrap` replaces both; :meth:`unwrap` puts back exactly the
+    objects it replaced."""
+
+    _NAMES = ("_for_each_rank_run_func", "_map_to_rank_local_val")
+
+    def __init__(self) -> None:
+        self._saved: tuple[Any, Any] | None = None
+
+    def wrapped(self) -> bool:
+        return self._saved is not None
+
+    def wrap(self, make_run: Any, make_map: Any) -> None:
+        """``make_run(original_run)`` / ``make_map(original_map)`` return the replacements."""
+        if self._saved is not None:
+            return
+        run, map_ = (getattr(_local_tensor_module, n) for n in self._NAMES)
+        self._saved = (run, map_)
+        _local_tensor_module._for_each_rank_run_func = make_run(run)
+        _local_tensor_module._map_to_rank_local_val = make_map(map_)
+
+    def unwrap(self) -> None:
+        if self._saved is None:
+            return
+        for name, original in zip(self._NAMES, self._saved):
+            setattr(_local_tensor_module, name, original)
+        self._saved = None
+
+
+per_rank_run_hooks = _PerRankRunHooks()
