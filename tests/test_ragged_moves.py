@@ -260,3 +260,25 @@ def test_without_the_redistribute_patch_the_guard_refuses_and_explicit_moves_sti
         with pytest.raises(RaggedPlacementError, match="relabel"):
             x.redistribute(mesh, (RaggedShard(0, 4, True),))
         _assert_locals(ragged.dispatch(x), full, CASES[2], mesh, 0, aligned=True)
+
+
+@pytest.mark.parametrize("ep_dim", [0, 1, 2])
+def test_three_d_mesh_with_ep_on_each_mesh_dim(ep_dim: int) -> None:
+    others = [m for m in range(3) if m != ep_dim]  # first: Shard(1) of the rows, second: Replicate
+    C = CASES[2]
+    full = _full(sum(map(sum, C)), 4, torch.float32)
+    w = torch.randn(full.shape)
+    leaf = full.clone().requires_grad_()
+    (leaf.exp() * w).sum().backward()
+    with simulated_mesh((2, 2, 2)) as mesh:
+        placements = [Replicate()] * 3
+        placements[others[0]] = Shard(1)
+        rep = distribute_tensor(full, mesh, [Replicate()] * 3).requires_grad_()
+        x = ragged.distribute(rep.redistribute(mesh, placements), mesh, _counts(mesh, ep_dim, C), ep_dim)
+        _assert_locals(x, full, C, mesh, ep_dim, False, tp=(others[0], 1))
+        y = ragged.dispatch(x)
+        _assert_locals(y, full, C, mesh, ep_dim, True, tp=(others[0], 1))
+        out = ragged.combine(y).full_tensor()
+        assert torch.equal(_replicated(out), full)
+        (out.exp() * w).sum().backward()
+        torch.testing.assert_close(_replicated(rep.grad.full_tensor()), leaf.grad)
