@@ -404,9 +404,10 @@ class Pricer:
             return Partial(k[1])
         raise KeyError(k)  # (never: the cost of a row with another placement goes through priced_strategy)
 
-    def cost(self, per_dim: Sequence[Row]) -> float | None:
+    def cost(self, per_dim: Sequence[Row], bound: float = INF) -> float | None:
         """:func:`priced_strategy`'s total cost of ``per_dim`` (plain rows), or None where it
-        returns None."""
+        returns None. With ``bound``: None as soon as the partial sum reaches it (every cost is
+        >= 0, so such a product cannot be cheaper than ``bound``; its later moves are never priced)."""
         facts = [self._facts(r) for r in per_dim]
         n_out = self.n_out
         if sum(len(f.partials) for f in facts) > 1:  # a column Partial on several mesh dims: kinds must not mix
@@ -422,6 +423,8 @@ class Pricer:
             if not ok:
                 return None
             total += c
+            if total >= bound:
+                return None
         if n_out == 1 and all(r[0] is None for r in per_dim):
             return None
         return total
@@ -546,7 +549,7 @@ def descend(
                 if any(transition_weight(c, t, i.integral) == INF for c, t, i in zip(current[m], targets, inputs)):
                     continue
                 trial = [*rows[:m], row, *rows[m + 1 :]]
-                cost = _cost(pricer, trial)
+                cost = _cost(pricer, trial, best)
                 if cost is not None and cost < best:
                     rows, best, improved = trial, cost, True
     if rows is not start:
@@ -555,10 +558,11 @@ def descend(
     return rows, spec
 
 
-def _cost(pricer: Pricer, per_dim: Sequence[Row]) -> float | None:
-    """The total cost of ``per_dim`` (None: unusable), through the pricer where its rows are plain."""
+def _cost(pricer: Pricer, per_dim: Sequence[Row], bound: float = INF) -> float | None:
+    """The total cost of ``per_dim`` (None: unusable, or not below ``bound``), through the pricer
+    where its rows are plain."""
     if pricer.plain(per_dim):
-        return pricer.cost(per_dim)
+        return pricer.cost(per_dim, bound)
     priced = priced_strategy(pricer.mesh, pricer.inputs, per_dim, pricer.n_out, pricer.fixed,
                              pricer.allow_uneven_sharding, pricer.memo)
     return None if priced is None else _total(priced)
@@ -588,7 +592,7 @@ def _search(
     best_rows, best_cost = chosen, INF if spec is None else _total(spec)
     if math.prod(len(r) for r in per_dim) <= EXHAUSTIVE_PRODUCTS:
         for combo in itertools.product(*per_dim):
-            cost = _cost(pricer, combo)
+            cost = _cost(pricer, combo, best_cost)
             if cost is not None and cost < best_cost:
                 best_rows, best_cost = list(combo), cost
         best = _spec_of(pricer, best_rows, chosen, spec)
@@ -598,7 +602,7 @@ def _search(
         rows = greedy_rows(inputs, mesh.ndim, dispatch_rows, n_out, fixed, sizes, order)
         if rows is None or all(a is b for a, b in zip(rows, best_rows)):
             continue
-        cost = _cost(pricer, rows)
+        cost = _cost(pricer, rows, best_cost)
         if cost is not None and cost < best_cost:
             best_rows, best_cost = rows, cost
     best = _spec_of(pricer, best_rows, chosen, spec)
