@@ -305,15 +305,24 @@ def test_handler_must_be_callable():
         registry.register(torch.ops.aten.bincount.default, handler=42, replace=True)
 
 
-def test_meta_fallback_wrapper_exists_only_while_installed(restore_install):
+def test_meta_fallback_wrapper_is_the_patch_and_its_table_follows_installed_rules(restore_install):
+    """The output-metadata wrapper exists exactly while the ``meta_fallback`` patch is applied
+    (a full install applies it, a full uninstall restores the class method exactly); a rule's
+    fallback is in its table only while the rule is installed."""
+    from dtensor_rules.dispatch.meta_fallback import FALLBACKS
+
+    grouped_mm = torch.ops.aten._grouped_mm.default
     prop = DTensor._op_dispatcher.sharding_propagator
-    assert "_propagate_tensor_meta_non_cached" in vars(prop)  # _grouped_mm's fp32 fallback is active
+    assert "_propagate_tensor_meta_non_cached" in vars(prop) and grouped_mm in FALLBACKS
     dtensor_rules.uninstall()
     assert "_propagate_tensor_meta_non_cached" not in vars(prop)  # the class method again, exactly
-    dtensor_rules.install(ops=[FMA])
-    assert "_propagate_tensor_meta_non_cached" not in vars(prop)  # fma has no fallback
-    dtensor_rules.install(ops=[torch.ops.aten._grouped_mm.default])
-    assert "_propagate_tensor_meta_non_cached" in vars(prop)
+    assert not FALLBACKS
+    dtensor_rules.install(ops=[FMA], patches=["meta_fallback"])
+    assert "_propagate_tensor_meta_non_cached" in vars(prop) and not FALLBACKS  # fma has no fallback
+    dtensor_rules.install(ops=[grouped_mm])
+    assert grouped_mm in FALLBACKS
+    dtensor_rules.uninstall([grouped_mm])
+    assert grouped_mm not in FALLBACKS
 
 
 def test_first_symbol_record_patch_is_applied_and_restored_exactly(restore_install):

@@ -361,14 +361,17 @@ class Pricer:
         self.mesh_shape = tuple(mesh.shape)
         self.held = held_shardings(inputs)
         self.current = [tuple(map(key, i.current.placements)) for i in inputs]
-        self._row_keys: dict[int, tuple[Row, list[Key]]] = {}  # id(row) -> (row kept alive, its keys)
+        self._row_facts: dict[int, _RowFacts] = {}  # id(row) -> its facts (the row kept alive)
         self._moves: dict[tuple[int, Key], tuple[bool, float]] = {}  # (input, target keys) -> (usable, cost)
 
-    def _keys(self, row: Row) -> list[Key]:
-        got = self._row_keys.get(id(row))
+    def _facts(self, row: Row) -> _RowFacts:
+        got = self._row_facts.get(id(row))
         if got is None:
-            got = self._row_keys[id(row)] = (row, [key(fill(p)) for p in row])
-        return got[1]
+            keys = [key(fill(p)) for p in row]
+            got = self._row_facts[id(row)] = _RowFacts(
+                row, keys, all(k[0] in ("R", "S", "P") for k in keys[self.n_out:]),
+                tuple((j, k[1]) for j, k in enumerate(keys) if k[0] in ("P", "PM")))
+        return got
 
     def _move(self, idx: int, target: Key) -> tuple[bool, float]:
         got = self._moves.get((idx, target))
@@ -401,29 +404,41 @@ class Pricer:
             return Partial(k[1])
         raise KeyError(k)  # (never: the cost of a row with another placement goes through priced_strategy)
 
-    def cost(self, per_dim: Sequence[Row]) -> float | None:
-        """:func:`priced_strategy`'s total cost of ``per_dim``, or None where it returns None."""
-        keys = [self._keys(r) for r in per_dim]
+    def cost(self, per_dim: Sequence[Row], bound: float = INF) -> float | None:
+        """:func:`priced_strategy`'s total cost of ``per_dim`` (plain rows), or None where it
+        returns None. With ``bound``: None as soon as the partial sum reaches it (every cost is
+        >= 0, so such a product cannot be cheaper than ``bound``; its later moves are never priced)."""
+        facts = [self._facts(r) for r in per_dim]
         n_out = self.n_out
-        for j in range(n_out + len(self.inputs)):
-            if mixes_partials([k[j] for k in keys]):
-                return None
+        if sum(len(f.partials) for f in facts) > 1:  # a column Partial on several mesh dims: kinds must not mix
+            for j in {j for f in facts for j, _ in f.partials}:
+                if mixes_partials([f.keys[j] for f in facts]):
+                    return None
         total = 0.0
         for idx in range(len(self.inputs)):
-            target = tuple(k[n_out + idx] for k in keys)
+            target = tuple(f.keys[n_out + idx] for f in facts)
             if idx in self.fixed and target != self.current[idx]:
                 return None
             ok, c = self._move(idx, target)
             if not ok:
                 return None
             total += c
+            if total >= bound:
+                return None
         if n_out == 1 and all(r[0] is None for r in per_dim):
             return None
         return total
 
     def plain(self, per_dim: Sequence[Row]) -> bool:
-        """Whether every placement of ``per_dim`` is plain (else price it with the full spec)."""
-        return all(k[0] in ("R", "S", "P") for r in per_dim for k in self._keys(r)[self.n_out:])
+        """Whether every input placement of ``per_dim`` is plain (else price it with the full spec)."""
+        return all(self._facts(r).plain for r in per_dim)
+
+
+class _RowFacts(NamedTuple):
+    row: Row  # kept alive so its id stays its own
+    keys: list[Key]
+    plain: bool  # every input placement Shard / Replicate / Partial
+    partials: tuple[tuple[int, Any], ...]  # (column, reduce op) of its Partial placements
 
 
 def held_shardings(inputs: Sequence[Input]) -> set[tuple[int, int, tuple[int, ...]]]:
@@ -534,7 +549,7 @@ def descend(
                 if any(transition_weight(c, t, i.integral) == INF for c, t, i in zip(current[m], targets, inputs)):
                     continue
                 trial = [*rows[:m], row, *rows[m + 1 :]]
-                cost = _cost(pricer, trial)
+                cost = _cost(pricer, trial, best)
                 if cost is not None and cost < best:
                     rows, best, improved = trial, cost, True
     if rows is not start:
@@ -543,10 +558,11 @@ def descend(
     return rows, spec
 
 
-def _cost(pricer: Pricer, per_dim: Sequence[Row]) -> float | None:
-    """The total cost of ``per_dim`` (None: unusable), through the pricer where its rows are plain."""
+def _cost(pricer: Pricer, per_dim: Sequence[Row], bound: float = INF) -> float | None:
+    """The total cost of ``per_dim`` (None: unusable, or not below ``bound``), through the pricer
+    where its rows are plain."""
     if pricer.plain(per_dim):
-        return pricer.cost(per_dim)
+        return pricer.cost(per_dim, bound)
     priced = priced_strategy(pricer.mesh, pricer.inputs, per_dim, pricer.n_out, pricer.fixed,
                              pricer.allow_uneven_sharding, pricer.memo)
     return None if priced is None else _total(priced)
@@ -576,7 +592,7 @@ def _search(
     best_rows, best_cost = chosen, INF if spec is None else _total(spec)
     if math.prod(len(r) for r in per_dim) <= EXHAUSTIVE_PRODUCTS:
         for combo in itertools.product(*per_dim):
-            cost = _cost(pricer, combo)
+            cost = _cost(pricer, combo, best_cost)
             if cost is not None and cost < best_cost:
                 best_rows, best_cost = list(combo), cost
         best = _spec_of(pricer, best_rows, chosen, spec)
@@ -586,7 +602,7 @@ def _search(
         rows = greedy_rows(inputs, mesh.ndim, dispatch_rows, n_out, fixed, sizes, order)
         if rows is None or all(a is b for a, b in zip(rows, best_rows)):
             continue
-        cost = _cost(pricer, rows)
+        cost = _cost(pricer, rows, best_cost)
         if cost is not None and cost < best_cost:
             best_rows, best_cost = rows, cost
     best = _spec_of(pricer, best_rows, chosen, spec)
