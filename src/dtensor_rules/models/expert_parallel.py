@@ -31,6 +31,11 @@ local gradient back with the parameter's placements): ``w1.grad`` is
 are ``Partial`` over tp (each tp rank contributes its hidden slice) and DTensor reduces
 them where they meet the replicated router.
 
+torchtitan's mesh model (``expert_parallel(..., ep_dims=...)``, :class:`BorrowedEPMesh`): EP
+borrows dims of the data/sequence-parallel mesh, tokens stay split on every dim inside the
+region (no token is sent by two ranks, no tp all_reduce), experts are ``Replicate`` on the
+remaining "efsdp" dims for ``fully_shard``.
+
 FSDP2 composes on top: build the (ep, tp) mesh as a submesh of a ("dp", "ep", "tp")
 mesh, call :func:`expert_parallel` with the submesh, then ``fully_shard(model,
 mesh=world["dp"])``; the tokens are a DTensor on the (ep, tp) submesh holding this dp
@@ -51,7 +56,7 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from dtensor_rules.models.ep_adapters import EPAdapter, adapter_for
 from dtensor_rules.models.ep_local import ep_routed_experts
 
-__all__ = ["EPMesh", "BorrowedEPMesh", "expert_parallel", "distribute_named", "routed_experts_ep", "token_placements", "expert_param_bytes"]
+__all__ = ["EPMesh", "BorrowedEPMesh", "borrowed_ep_mesh", "routed_experts_borrowed", "expert_parallel", "distribute_named", "routed_experts_ep", "token_placements", "expert_param_bytes"]
 
 
 class EPMesh(NamedTuple):
