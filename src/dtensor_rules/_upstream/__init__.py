@@ -90,6 +90,7 @@ from dtensor_rules._upstream.tensors import (
 )
 from dtensor_rules._upstream.collectives import (
     SHARD_TO_PARTIAL_SUM_RUNS,
+    flatten_mesh,
     funcol,
     one_step_redistribute_cost,
     partial_partition,

@@ -23,6 +23,7 @@ __all__ = [
     "one_step_redistribute_cost",
     "partial_partition",
     "swap_partial_partition",
+    "flatten_mesh",
     "partial_reduce",
     "partial_reduce_scatter",
     "redistribute_cost",
@@ -74,3 +75,9 @@ def swap_partial_partition(fn: Any) -> Any:
     old = Partial.__dict__["_partition_value"]
     Partial._partition_value = fn
     return old
+
+
+def flatten_mesh(mesh: DeviceMesh, dims: Sequence[str]) -> DeviceMesh:
+    """The 1-D mesh over ``dims`` of ``mesh`` (in mesh order), ranks numbered row-major: torchtitan's
+    borrowed ep group. ``DeviceMesh._flatten`` is private; this is its one caller."""
+    return mesh[tuple(dims)]._flatten("_".join(dims))

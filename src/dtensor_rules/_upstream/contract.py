@@ -74,6 +74,7 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(f"{_T}.placement_types", "Partial", attrs=("_reduce_value", "_reduce_shard_value",
                 "_partition_value"), why="executor steps"),
     Requirement("torch.distributed.device_mesh", "DeviceMesh", attrs=("_sym_get_coordinate",)),
+    Requirement("torch.distributed.device_mesh", "DeviceMesh", attrs=("_flatten",), why="expert_parallel ep_dims: the borrowed ep group"),
     Requirement("torch.distributed.device_mesh", "_mesh_resources", attrs=("num_devices_per_host",)),
     Requirement("torch.distributed._local_tensor", "LocalTensor"),
     Requirement("torch.distributed._local_tensor", "LocalTensor", attrs=("_local_tensors",), why="testing.local_shards"),

@@ -31,6 +31,11 @@ local gradient back with the parameter's placements): ``w1.grad`` is
 are ``Partial`` over tp (each tp rank contributes its hidden slice) and DTensor reduces
 them where they meet the replicated router.
 
+torchtitan's mesh model (``expert_parallel(..., ep_dims=...)``, :class:`BorrowedEPMesh`): EP
+borrows dims of the data/sequence-parallel mesh, tokens stay split on every dim inside the
+region (no token is sent by two ranks, no tp all_reduce), experts are ``Replicate`` on the
+remaining "efsdp" dims for ``fully_shard``.
+
 FSDP2 composes on top: build the (ep, tp) mesh as a submesh of a ("dp", "ep", "tp")
 mesh, call :func:`expert_parallel` with the submesh, then ``fully_shard(model,
 mesh=world["dp"])``; the tokens are a DTensor on the (ep, tp) submesh holding this dp
@@ -43,6 +48,7 @@ import functools
 from typing import NamedTuple
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
@@ -50,7 +56,7 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from dtensor_rules.models.ep_adapters import EPAdapter, adapter_for
 from dtensor_rules.models.ep_local import ep_routed_experts
 
-__all__ = ["EPMesh", "expert_parallel", "distribute_named", "routed_experts_ep", "token_placements", "expert_param_bytes"]
+__all__ = ["EPMesh", "BorrowedEPMesh", "borrowed_ep_mesh", "routed_experts_borrowed", "expert_parallel", "distribute_named", "routed_experts_ep", "token_placements", "expert_param_bytes"]
 
 
 class EPMesh(NamedTuple):
@@ -61,14 +67,57 @@ class EPMesh(NamedTuple):
     tp_dim: str | None
 
 
+class BorrowedEPMesh(NamedTuple):
+    """torchtitan's mesh model: EP borrows ``ep_dims`` of a data/sequence-parallel mesh.
+
+    Every dim of ``mesh`` splits the tokens (each rank routes its own tokens, none is
+    sent twice); the experts are ``Shard(0)`` over ``ep_dims`` (in mesh order, so rank
+    ``(a, b)`` owns chunk ``a * n_b + b``) and ``Replicate`` on the other ("efsdp") dims,
+    where ``fully_shard`` shards them. ``group`` is the ep dims' process group.
+    """
+
+    mesh: DeviceMesh
+    ep_dims: tuple[str, ...]
+    group: dist.ProcessGroup
+
+
 def _placements(ep: EPMesh, on_ep: Placement, on_tp: Placement) -> tuple[Placement, ...]:
     names = ep.mesh.mesh_dim_names or ()
     return tuple(on_ep if n == ep.ep_dim else on_tp for n in names)
 
 
-def token_placements(mesh: DeviceMesh, ep_dim: str = "ep", tp_dim: str | None = "tp") -> tuple[Placement, ...]:
-    """Placements of the input tokens for :func:`expert_parallel`: ``Shard(0)`` on ep, ``Replicate`` on tp."""
+def token_placements(mesh: DeviceMesh, ep_dim: str = "ep", tp_dim: str | None = "tp", *,
+                     ep_dims: tuple[str, ...] | None = None) -> tuple[Placement, ...]:
+    """Placements of the input tokens for :func:`expert_parallel`: ``Shard(0)`` on ep, ``Replicate`` on tp.
+
+    With ``ep_dims`` (torchtitan's mesh model): ``Shard(0)`` on every mesh dim (each rank its
+    own tokens; a (B, L, D) input may instead be ``Shard(1)`` on the sequence-parallel dim)."""
+    if ep_dims is not None:
+        _check_borrowed(mesh, ep_dims)
+        return tuple(Shard(0) for _ in mesh.mesh_dim_names)
     return _placements(_check_mesh(mesh, ep_dim, tp_dim), Shard(0), Replicate())
+
+
+def _check_borrowed(mesh: DeviceMesh, ep_dims: tuple[str, ...]) -> tuple[str, ...]:
+    names = tuple(mesh.mesh_dim_names or ())
+    ep_dims = tuple(ep_dims)
+    if not ep_dims or any(d not in names for d in ep_dims) or len(set(ep_dims)) != len(ep_dims):
+        raise ValueError(f"ep_dims={ep_dims} must name distinct dims of the mesh, whose dims are {names}")
+    if tuple(d for d in names if d in ep_dims) != ep_dims:
+        raise ValueError(f"ep_dims={ep_dims} must be in the mesh's dim order {names} (the experts' Shard(0) nests in it)")
+    return ep_dims
+
+
+def borrowed_ep_mesh(mesh: DeviceMesh, ep_dims: tuple[str, ...]) -> BorrowedEPMesh:
+    """The :class:`BorrowedEPMesh` of ``mesh``; several ep dims are flattened into one group."""
+    ep_dims = _check_borrowed(mesh, ep_dims)
+    if len(ep_dims) == 1:
+        group = mesh.get_group(ep_dims[0])
+    else:
+        from dtensor_rules._upstream import flatten_mesh
+
+        group = flatten_mesh(mesh, ep_dims).get_group()
+    return BorrowedEPMesh(mesh, ep_dims, group)
 
 
 def _check_mesh(mesh: DeviceMesh, ep_dim: str, tp_dim: str | None) -> EPMesh:
@@ -117,6 +166,53 @@ def routed_experts_ep(moe: nn.Module | EPAdapter, ep: EPMesh, x: DTensor, idx: D
                               stride=x.stride())
 
 
+def routed_experts_borrowed(moe: nn.Module | EPAdapter, ep: BorrowedEPMesh, x: DTensor, idx: DTensor,
+                            weights: DTensor) -> DTensor:
+    """The routed experts under torchtitan's mesh model (:class:`BorrowedEPMesh`).
+
+    ``x`` must split its tokens on every mesh dim (a ``Shard`` of a leading dim each, e.g.
+    batch on dp_shard and sequence on tp): each rank sends only its own rows, so the output
+    and the token gradients keep ``x``'s placements (no ``Partial``, no all_reduce). ``idx``
+    and ``weights`` are redistributed to ``x``'s placements. Expert gradients are ``Shard(0)``
+    on the ep dims and ``Partial`` on the others (each efsdp rank's part, which FSDP's
+    reduce-scatter or ``full_tensor()`` sums).
+    """
+    a = moe if isinstance(moe, EPAdapter) else adapter_for(moe)
+    tokens = tuple(x.placements)
+    if any(not isinstance(p, Shard) or p.dim % x.ndim >= x.ndim - 1 for p in tokens):
+        raise ValueError(
+            f"with ep_dims the tokens must be split on every mesh dim along a leading (token) dim, got {tokens}; "
+            "use token_placements(mesh, ep_dims=...)"
+        )
+    x_l, w_l = (t.redistribute(ep.mesh, tokens).to_local(grad_placements=tokens) for t in (x, weights))
+    idx_l = idx.redistribute(ep.mesh, tokens).to_local()
+    dim, k = x_l.shape[-1], idx_l.shape[-1]
+    names = ep.mesh.mesh_dim_names
+    grad_pl = tuple(Shard(0) if n in ep.ep_dims else Partial() for n in names)
+    w_local = [w.to_local(grad_placements=grad_pl) for w in a.experts()[:3]]
+    gdt = a.gmm_dtype or x.dtype
+    out = ep_routed_experts(
+        x_l.reshape(-1, dim), idx_l.reshape(-1, k), w_l.reshape(-1, k), *w_local,
+        n_experts=a.n_experts, alignment=a.alignment(gdt), group=ep.group, gmm_dtype=a.gmm_dtype,
+        sum_dtype=x.dtype if a.sum_dtype_is_input else None, experts_fn=a.local_experts,
+    )
+    return DTensor.from_local(out.view(x_l.shape), ep.mesh, tokens, run_check=False, shape=x.shape,
+                              stride=x.stride())
+
+
+def _borrowed_role_placements(ep: BorrowedEPMesh, role: str) -> tuple[Placement, ...]:
+    """Experts Shard(0) on the ep dims, Replicate on the efsdp dims; everything else Replicate
+    (each rank runs the router and shared expert on its own tokens); counters Partial everywhere."""
+    names = ep.mesh.mesh_dim_names
+    if role in ("expert_in", "expert_out"):
+        return tuple(Shard(0) if n in ep.ep_dims else Replicate() for n in names)
+    if role == "counter":
+        return tuple(Partial() for _ in names)
+    if role in ("replicate", "colwise", "rowwise"):
+        return tuple(Replicate() for _ in names)
+    raise ValueError(f"unknown role {role!r}")
+
+
 def _role_placements(ep: EPMesh, role: str, layout: str) -> tuple[Placement, ...]:
     R = Replicate()
     hidden_in, hidden_out = (2, 1) if layout == "EDH" else (1, 2)  # where H sits in w1/w3 and in w2
@@ -134,7 +230,7 @@ def _role_placements(ep: EPMesh, role: str, layout: str) -> tuple[Placement, ...
 
 
 def expert_parallel(module: nn.Module, mesh: DeviceMesh, ep_dim: str = "ep", tp_dim: str | None = "tp",
-                    adapter: EPAdapter | None = None) -> nn.Module:
+                    adapter: EPAdapter | None = None, *, ep_dims: tuple[str, ...] | None = None) -> nn.Module:
     """Distribute ``module`` in place for expert (x tensor) parallelism and route its experts by all-to-all.
 
     ``module``: this package's ``MoE``, torchtitan 0.3.0's ``MoE``, or any block described
@@ -143,9 +239,24 @@ def expert_parallel(module: nn.Module, mesh: DeviceMesh, ep_dim: str = "ep", tp_
     ``tp_dim`` (see the module docstring for every layout). Feed it tokens placed with
     :func:`token_placements`. Raises ``ValueError`` if ep does not divide the experts
     or tp does not divide the hidden dims.
+
+    ``ep_dims`` (torchtitan's mesh model, docs/expert_parallel.md): ``mesh`` is the
+    data/sequence-parallel mesh (e.g. ``("dp_shard", "tp")``), EP borrows ``ep_dims`` of it
+    (e.g. ``("tp",)`` for ep = tp, or ``("dp_shard", "tp")``), the other dims are the
+    "efsdp" dims (experts ``Replicate`` there, for ``fully_shard``); tokens are split on
+    every dim, so no rank sends a token another rank also sends. ``ep_dim``/``tp_dim`` are
+    ignored; there is no expert TP in this mode.
     """
-    ep = _check_mesh(mesh, ep_dim, tp_dim)
     a = adapter if adapter is not None else adapter_for(module)
+    if ep_dims is not None:
+        bep = borrowed_ep_mesh(mesh, ep_dims)
+        n_ep = bep.group.size()
+        if a.n_experts % n_ep:
+            raise ValueError(f"n_experts={a.n_experts} is not divisible by the ep size {n_ep} (ep_dims={bep.ep_dims})")
+        distribute_named(module, mesh, {name: _borrowed_role_placements(bep, role) for name, role in a.roles().items()})
+        a.install(functools.partial(routed_experts_borrowed, a, bep))
+        return module
+    ep = _check_mesh(mesh, ep_dim, tp_dim)
     n_ep = mesh.size(mesh.mesh_dim_names.index(ep_dim))
     if a.n_experts % n_ep:
         raise ValueError(
