@@ -33,6 +33,8 @@ from torch.distributed.tensor.placement_types import Replicate
 
 from torch.utils import _pytree as pytree
 
+from dtensor_rules.ragged.lift import has_ragged_spec, ragged_call
+
 from dtensor_rules._upstream import (
     cache_miss_wrapped,
     dispatch_slow_path,
@@ -133,6 +135,8 @@ def _out_layout_error(op_call: Any, args: tuple[Any, ...], kwargs: dict[str, Any
 
 def _on_miss(original: Callable[..., Any]) -> Callable[..., Any]:
     def on_cache_miss(op_call: Any, args: Any, kwargs: Any, *rest: Any) -> Any:
+        if rest and rest[0].schema is not None and has_ragged_spec(rest[0].schema):
+            return ragged_call(op_call, args, kwargs, rest[0])  # never cached: its output takes the input's context
         if op_call is _INDEX and len(args) > 1 and isinstance(args[1], (list, tuple)) and any(is_mask(i) for i in args[1]):
             check_mask_shapes(tuple(args[0].shape), args[1])
             return dispatch_slow_path(op_call, (args[0], masks_to_indices(list(args[1])), *args[2:]), kwargs)
