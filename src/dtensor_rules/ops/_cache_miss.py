@@ -20,6 +20,10 @@ reaches this code after its first (cache-filling) call, so it stays on DTensor's
    (``gather`` with a masked index: ``ops/gather_mask.py``) computes its result here from the
    sharding just chosen; the result is not a sharding, so DTensor caches nothing and every call
    like it comes back here, while the op's other layouts are cached and stay on the fast path.
+
+4. A call with a ``RaggedShard`` input (tokens of an EP block) runs the ragged lift rule
+   (:mod:`dtensor_rules.ragged.lift`): its result is returned, not a sharding, so every such call
+   comes back here and its output takes the input's ragged context (the sizes the combine needs).
 """
 
 from __future__ import annotations
