@@ -85,3 +85,26 @@ def test_ragged_moe_equals_one_device(ep, E, silent):
     # forward: counts all-to-all, dispatch, all-reduce of E ints (offs), combine; backward: combine, dispatch
     assert log.seen == ["all_to_all_single", "ragged_exchange", "all_reduce", "ragged_exchange",
                         "ragged_exchange", "ragged_exchange"], log.seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_shard_moe_ragged_equals_one_device_2x2(dtype):
+    """The README block (``MoE``, shared expert, sigmoid router with bias) with ``shard_moe(ragged=True)``."""
+    import copy
+
+    from dtensor_rules.models.moe import shard_moe
+    from tests.test_moe_model import _assert_matches, _single_device
+
+    model, x, cot, want = _single_device(dtype)
+    with simulated_mesh((2, 2), names=("ep", "tp")) as mesh:
+        sharded = shard_moe(copy.deepcopy(model), mesh, ragged=True)
+        xd = distribute_tensor(x, mesh, (Shard(0), Replicate())).requires_grad_()
+        with _Collectives() as log:
+            out = sharded(xd)
+            grads = torch.autograd.grad(out, [xd, *sharded.parameters()], distribute_tensor(cot, mesh, out.placements))
+        for name in ("w1", "w3", "w2"):
+            g = grads[1 + [n for n, _ in sharded.named_parameters()].index(name)]
+            assert g.placements[0] == Shard(0), (name, g.placements)
+        got = [t.full_tensor() for t in (out, *grads)]
+    assert not [s for s in log.seen if "gather" in s], log.seen
+    _assert_matches(got, want, dtype)

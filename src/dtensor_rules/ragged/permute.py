@@ -67,6 +67,12 @@ def permute(x: DTensor, ids: DTensor, num_experts: int, mesh_dim: int = 0) -> tu
     return attach(out, make_context(counts, mesh_dim, mesh)), Permutation(order, k, x)
 
 
+def _row_placements(weights: DTensor, mesh_dim: int, ragged: RaggedShard) -> list:
+    placements = list(weights.placements)
+    placements[mesh_dim] = ragged
+    return placements
+
+
 def unpermute(y: DTensor, perm: Permutation, weights: DTensor) -> DTensor:
     """Unaligned rows ``(T*k, D)`` -> ``Shard(0)`` tokens ``out[t] = sum_j weights[t, j] * y[row of (t, j)]``."""
     tokens = perm.tokens
@@ -76,10 +82,17 @@ def unpermute(y: DTensor, perm: Permutation, weights: DTensor) -> DTensor:
         raise ValueError(f"unpermute needs the rows unaligned (combine them first), got {y.placements}")
     if not isinstance(weights, DTensor) or tuple(weights.placements) != tuple(tokens.placements) or tuple(weights.shape) != (tokens.shape[0], perm.top_k):
         raise ValueError(f"weights must be the (T, k) routing weights laid out like the tokens ({tokens.placements})")
-    yl = y.to_local()
-    w = weights.to_local().reshape(-1).index_select(0, perm.order).to(yl.dtype)
+    # the weights go to the rows as a DTensor and multiply there, not on local tensors: ``y`` may be
+    # Partial on another mesh dim (tp after a row-parallel w2), and the weights' gradient is then
+    # Partial too, which only DTensor's mul rule knows
+    w_rows = DTensor.from_local(weights.to_local().reshape(-1).index_select(0, perm.order).to(y.dtype),
+                                y.device_mesh, _row_placements(weights, mesh_dim, p), run_check=False,
+                                shape=(y.shape[0],), stride=(1,))
+    yl = (y * w_rows.unsqueeze(-1)).to_local()
     local_tokens = tokens.to_local().shape[0]
-    out = yl.new_zeros((local_tokens, *yl.shape[1:])).index_add(0, perm.order // perm.top_k, yl * w.unsqueeze(-1))
+    out = yl.new_zeros((local_tokens, *yl.shape[1:])).index_add(0, perm.order // perm.top_k, yl)
     shape = (tokens.shape[0], *y.shape[1:])
-    return DTensor.from_local(out, tokens.device_mesh, tokens.placements, run_check=False, shape=shape,
+    placements = list(y.placements)  # other mesh dims as the rows (Partial over tp after a row-parallel w2)
+    placements[mesh_dim] = Shard(0)
+    return DTensor.from_local(out, tokens.device_mesh, placements, run_check=False, shape=shape,
                               stride=torch.empty(shape, device="meta").stride())
