@@ -108,3 +108,28 @@ def test_shard_moe_ragged_equals_one_device_2x2(dtype):
         got = [t.full_tensor() for t in (out, *grads)]
     assert not [s for s in log.seen if "gather" in s], log.seen
     _assert_matches(got, want, dtype)
+
+
+def test_shard_moe_ragged_moves_no_more_bytes_than_expert_parallel():
+    """Issue 19 item 4's budget: per forward+backward, at most 5% more bytes than ``expert_parallel``
+    (rank 0, ``CommBytesMode``, which counts the ragged custom ops as the all-to-alls they are)."""
+    import copy
+
+    from dtensor_rules.models import MoE, MoEConfig, expert_parallel, shard_moe, token_placements
+    from dtensor_rules.testing.comm import CommBytesMode
+
+    model = MoE(MoEConfig(dim=16, hidden=32, n_experts=4, top_k=2))
+    x = torch.randn(24, 16, generator=torch.Generator().manual_seed(3))
+    measured = {}
+    with simulated_mesh((2, 1), names=("ep", "tp")) as mesh:
+        for path in ("ragged", "ep"):
+            m = copy.deepcopy(model)
+            m = shard_moe(m, mesh, ragged=True) if path == "ragged" else expert_parallel(m, mesh)
+            xd = distribute_tensor(x, mesh, token_placements(mesh)).requires_grad_()
+            with CommBytesMode() as comm:
+                m(xd).sum().backward()
+            measured[path] = comm
+    ragged_bytes, ep_bytes = measured["ragged"].total_bytes(), measured["ep"].total_bytes()
+    assert measured["ragged"].total_bytes("all_gather") == 0
+    assert measured["ragged"].total_bytes("all_to_all") > 0
+    assert ragged_bytes <= 1.05 * ep_bytes, (measured["ragged"].bytes, measured["ep"].bytes)
