@@ -142,6 +142,8 @@ def partial_replicate_step(local: torch.Tensor, mesh: DeviceMesh, mesh_dim: int,
     Upstream's own placement methods, called directly: its ``redistribute_local_tensor`` would first
     compute every mesh dim's local shape, which a ragged placement on another mesh dim cannot answer.
     """
+    if mesh.size(mesh_dim) == 1:  # one rank: the reduction is the value (upstream skips these dims too)
+        return local
     if current.is_partial() and target.is_replicate():
         return current._reduce_value(local, mesh, mesh_dim)
     if current.is_replicate() and target.is_partial():

@@ -43,8 +43,16 @@ def _bytes(tree: Any) -> int:
             continue
         local = getattr(t, "_local_tensors", None)  # simulated mesh: one piece per rank, sizes may differ
         t = local[min(local)] if local else t
-        total += t.numel() * t.element_size()
+        total += _rank0(t.numel()) * t.element_size()
     return total
+
+
+def _rank0(n: Any) -> int:
+    """An element count; rank 0's for a simulated size that differs per rank (a ``LocalIntNode``)."""
+    if isinstance(n, int):
+        return n
+    ints = getattr(getattr(n, "node", None), "_local_ints", None)
+    return int(ints[min(ints)]) if ints else int(n)
 
 
 class CommBytesMode(CommDebugMode):
