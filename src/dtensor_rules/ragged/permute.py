@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor, Shard
 
+from dtensor_rules.ragged.moves import grad_placements
 from dtensor_rules.ragged.context import attach, counts_from_local, make_context
 from dtensor_rules.ragged.placement import RaggedShard
 
@@ -58,12 +59,13 @@ def permute(x: DTensor, ids: DTensor, num_experts: int, mesh_dim: int = 0) -> tu
     flat = ids.to_local().reshape(-1)
     order = torch.argsort(flat, stable=True)
     counts = counts_from_local(torch.bincount(flat, minlength=num_experts), mesh, mesh_dim)
-    rows = x.to_local().index_select(0, order // k)
+    rows = x.to_local(grad_placements=grad_placements(x.placements, mesh_dim)).index_select(0, order // k)
     placements = list(x.placements)
     placements[mesh_dim] = RaggedShard(0, num_experts, aligned=False)
     shape = (x.shape[0] * k, *x.shape[1:])
     out = DTensor.from_local(rows, mesh, placements, run_check=False, shape=shape,
-                             stride=torch.empty(shape, device="meta").stride())
+                             stride=torch.empty(shape, device="meta").stride(),
+                             grad_placements=grad_placements(placements, mesh_dim))
     return attach(out, make_context(counts, mesh_dim, mesh)), Permutation(order, k, x)
 
 
