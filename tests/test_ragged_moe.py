@@ -11,11 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import dtensor_rules
 from dtensor_rules.models.ragged_moe import ragged_moe
 from dtensor_rules.testing import simulated_mesh
+
+from tests._collectives import Collectives
 
 T, D, H, K = 16, 16, 8, 2
 
@@ -49,16 +50,12 @@ def _params(E: int, silent: int):
     return [x, router, torch.randn(E, D, H) / 4, torch.randn(E, D, H) / 4, torch.randn(E, H, D) / 4]
 
 
-class _Collectives(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[str] = []
+def _collective(name: str) -> bool:
+    return name.startswith(("c10d", "_c10d", "dtensor_rules")) and "wait" not in name and "wrap" not in name
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func.overloadpacket)
-        if name.startswith(("c10d", "_c10d", "dtensor_rules")) and "wait" not in name and "wrap" not in name:
-            self.seen.append(name.split(".")[-1])
-        return func(*args, **(kwargs or {}))
+
+def _Collectives() -> Collectives:
+    return Collectives(_collective)
 
 
 @pytest.mark.parametrize("ep,E,silent", [(2, 4, 0), (2, 4, 1), (4, 8, 2)])

@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import dtensor_rules
 from dtensor_rules import patches, ragged
@@ -20,6 +19,7 @@ from dtensor_rules._upstream.ragged import RaggedPlacementError
 from dtensor_rules.ragged import RaggedShard
 from dtensor_rules.testing import simulated_mesh
 
+from tests._collectives import Collectives
 from tests._ragged_oracle import CASES, rows_of
 
 DTYPES = [torch.float32, torch.bfloat16, torch.int64]
@@ -174,18 +174,7 @@ def test_replicated_counts_and_replicate_to_ragged_by_redistribute() -> None:
         assert s.placements == (Shard(0),) and torch.equal(_replicated(s.full_tensor()), full)
 
 
-class _Collectives(TorchDispatchMode):
-    """Names of the collectives and ragged moves dispatched inside the block (what a profiler would show)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func.overloadpacket)
-        if "all_to_all" in name or "all_gather" in name or "ragged" in name:
-            self.seen.append(name.split(".")[-1])
-        return func(*args, **(kwargs or {}))
+_Collectives = Collectives
 
 
 def test_dispatch_runs_two_all_to_alls_then_combine_reuses_the_counts() -> None:
