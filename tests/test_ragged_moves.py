@@ -11,15 +11,15 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import dtensor_rules
 from dtensor_rules import patches, ragged
-from dtensor_rules._upstream import rank_map, rank_tensors
+from dtensor_rules._upstream import DTensorSpec, rank_map, rank_tensors, spec_of
 from dtensor_rules._upstream.ragged import RaggedPlacementError
 from dtensor_rules.ragged import RaggedShard
 from dtensor_rules.testing import simulated_mesh
 
+from tests._collectives import Collectives
 from tests._ragged_oracle import CASES, rows_of
 
 DTYPES = [torch.float32, torch.bfloat16, torch.int64]
@@ -174,18 +174,7 @@ def test_replicated_counts_and_replicate_to_ragged_by_redistribute() -> None:
         assert s.placements == (Shard(0),) and torch.equal(_replicated(s.full_tensor()), full)
 
 
-class _Collectives(TorchDispatchMode):
-    """Names of the collectives and ragged moves dispatched inside the block (what a profiler would show)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func.overloadpacket)
-        if "all_to_all" in name or "all_gather" in name or "ragged" in name:
-            self.seen.append(name.split(".")[-1])
-        return func(*args, **(kwargs or {}))
+_Collectives = Collectives
 
 
 def test_dispatch_runs_two_all_to_alls_then_combine_reuses_the_counts() -> None:
@@ -224,8 +213,13 @@ def test_a_ragged_dtensor_without_context_names_the_fix() -> None:
 def test_upstream_cannot_relabel_or_cut_ragged_shards() -> None:
     with simulated_mesh(2) as mesh:
         x, full = _unaligned(mesh, CASES[2])
+        # an op now runs by the ragged lift rule (tests/test_ragged_rules.py); a redistribute that reaches
+        # upstream with a ragged spec (what an op without a ragged rule would do) is refused, not relabelled
+        from torch.distributed.tensor import _redistribute
+
+        spec = spec_of(x)
         with pytest.raises(RaggedPlacementError, match="relabel"):
-            x * 2  # upstream's pointwise rule would hand the rows over as Shard(0)
+            _redistribute.redistribute_local_tensor(x.to_local(), spec, DTensorSpec(mesh, (Shard(0),), spec.tensor_meta))
         with pytest.raises(RaggedPlacementError, match="dtensor_rules.ragged.distribute"):
             # looked up at call time: a name imported before ``import dtensor_rules`` keeps upstream's function
             torch.distributed.tensor.distribute_tensor(full, mesh, [RaggedShard(0, 4, False)])

@@ -134,3 +134,20 @@ def _unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
         out.append(index % size)
         index //= size
     return tuple(reversed(out))
+
+
+def partial_replicate_step(local: torch.Tensor, mesh: DeviceMesh, mesh_dim: int, current: Any, target: Any) -> torch.Tensor:
+    """One ``Partial -> Replicate`` (all-reduce) or ``Replicate -> Partial`` (local) step on ``mesh_dim``.
+
+    Upstream's own placement methods, called directly: its ``redistribute_local_tensor`` would first
+    compute every mesh dim's local shape, which a ragged placement on another mesh dim cannot answer.
+    """
+    if mesh.size(mesh_dim) == 1:  # one rank: the reduction is the value (upstream skips these dims too)
+        return local
+    if current.is_partial() and target.is_replicate():
+        return current._reduce_value(local, mesh, mesh_dim)
+    if current.is_replicate() and target.is_partial():
+        return target._partition_value(local, mesh, mesh_dim)
+    if current == target:
+        return local
+    raise RaggedPlacementError(f"not a Partial/Replicate step: {current} -> {target}")

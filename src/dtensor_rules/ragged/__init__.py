@@ -16,7 +16,8 @@ docs/expert_parallel.md ("Expert parallelism as placements") shows the layouts.
 from dtensor_rules.ragged.placement import RaggedShard, is_ragged
 from dtensor_rules.ragged.context import RaggedContext, attach, context_of, counts_from_local
 from dtensor_rules.ragged.moves import combine, dispatch, distribute, gather, redistribute
+from dtensor_rules.ragged.permute import Permutation, permute, unpermute
 from dtensor_rules.ragged import patch as _patch  # noqa: F401  (registers the named patches)
 
 __all__ = ["RaggedShard", "RaggedContext", "is_ragged", "attach", "context_of", "counts_from_local",
-           "dispatch", "combine", "gather", "distribute", "redistribute"]
+           "dispatch", "combine", "gather", "distribute", "redistribute", "permute", "unpermute", "Permutation"]

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Placement, Replicate
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate
 
 from dtensor_rules._upstream.ragged import RaggedPlacementError, coordinate_tensor
 from dtensor_rules.ragged.context import (
@@ -66,8 +66,21 @@ def _ragged_at(x: DTensor, ctx: RaggedContext, aligned: bool | None) -> RaggedSh
     return p
 
 
-def _rows_first(x: DTensor, dim: int) -> Tensor:
-    return x.to_local().movedim(dim, 0)
+def grad_placements(placements: Sequence[Placement], mesh_dim: int) -> tuple[Placement, ...]:
+    """Gradient layout of a move's input/output: ``Replicate`` on another mesh dim -> ``Partial``.
+
+    A move is linear and only touches ``mesh_dim``, so a gradient that is ``Partial`` over tp (the
+    input gradient of a column-parallel expert matmul) travels through it as is; labelling it
+    ``Replicate`` would make DTensor all-reduce it here, on the ``k * T`` assignment rows, instead
+    of later on the ``T`` tokens. (The gradient of a ``Replicate`` tensor may be ``Partial``; of a
+    ``Partial`` one it is ``Replicate``, as upstream's default.)
+    """
+    return tuple(Partial() if i != mesh_dim and p.is_replicate() else Replicate() if p.is_partial() else p
+                 for i, p in enumerate(placements))
+
+
+def _rows_first(x: DTensor, dim: int, mesh_dim: int) -> Tensor:
+    return x.to_local(grad_placements=grad_placements(x.placements, mesh_dim)).movedim(dim, 0)
 
 
 def _wrap(local_rows_first: Tensor, like: DTensor, dim: int, mesh_dim: int, placement: Placement,
@@ -75,7 +88,8 @@ def _wrap(local_rows_first: Tensor, like: DTensor, dim: int, mesh_dim: int, plac
     placements = list(like.placements)
     placements[mesh_dim] = placement
     out = DTensor.from_local(local_rows_first.movedim(0, dim), like.device_mesh, placements, run_check=False,
-                             shape=like.shape, stride=like.stride())
+                             shape=like.shape, stride=like.stride(),
+                             grad_placements=grad_placements(placements, mesh_dim))
     if is_ragged(placement) and placement.aligned and not torch.compiler.is_compiling():
         make_checkpointable(out, ctx)  # eager only: Dynamo cannot trace binding methods on a tensor
     return attach(out, ctx)
@@ -85,7 +99,8 @@ def _exchange(x: DTensor, ctx: RaggedContext, to_aligned: bool) -> DTensor:
     p = _ragged_at(x, ctx, aligned=not to_aligned)
     recv = received_counts(ctx)
     ctx = ctx._replace(recv_counts=recv)
-    local = ragged_exchange(_rows_first(x, p.dim), local_counts(ctx), recv, ctx.ep, to_aligned, group_of(ctx))
+    local = ragged_exchange(_rows_first(x, p.dim, ctx.mesh_dim), local_counts(ctx), recv, ctx.ep, to_aligned,
+                            group_of(ctx))
     return _wrap(local, x, p.dim, ctx.mesh_dim, p.with_aligned(to_aligned), ctx)
 
 
@@ -109,8 +124,8 @@ def gather(x: DTensor, counts: DTensor | None = None, mesh_dim: int | None = Non
     ctx = context_for(x, counts, mesh_dim)
     p = _ragged_at(x, ctx, aligned=None)
     rank = coordinate_tensor(x.device_mesh, ctx.mesh_dim)
-    local = ragged_all_gather(_rows_first(x, p.dim), full_counts(ctx), ctx.ep, p.aligned, x.shape[p.dim], rank,
-                              group_of(ctx))
+    local = ragged_all_gather(_rows_first(x, p.dim, ctx.mesh_dim), full_counts(ctx), ctx.ep, p.aligned,
+                              x.shape[p.dim], rank, group_of(ctx))
     return _wrap(local, x, p.dim, ctx.mesh_dim, Replicate(), ctx)
 
 
@@ -122,7 +137,8 @@ def _select(x: DTensor, ctx: RaggedContext, target: RaggedShard) -> DTensor:
     if x.shape[target.dim] != _total_rows(ctx):
         raise ValueError(f"dim {target.dim} has {x.shape[target.dim]} rows but the counts route {_total_rows(ctx)}")
     rank = coordinate_tensor(x.device_mesh, ctx.mesh_dim)
-    local = ragged_select(_rows_first(x, target.dim), full_counts(ctx), ctx.ep, target.aligned, rank, group_of(ctx))
+    local = ragged_select(_rows_first(x, target.dim, ctx.mesh_dim), full_counts(ctx), ctx.ep, target.aligned, rank,
+                          group_of(ctx))
     return _wrap(local, x, target.dim, ctx.mesh_dim, target, ctx)
 
 

@@ -22,7 +22,12 @@ from typing import Any
 
 from torch.distributed.tensor import DTensor
 
-from dtensor_rules._upstream.ragged import RaggedPlacementError, distribute_bindings, redistribute_bindings
+from dtensor_rules._upstream.ragged import (
+    RaggedPlacementError,
+    distribute_bindings,
+    partial_replicate_step,
+    redistribute_bindings,
+)
 from dtensor_rules.patches import Patch, register
 from dtensor_rules.ragged.placement import is_ragged
 
@@ -56,14 +61,35 @@ def _restore_redistribute() -> None:
     DTensor.redistribute = _orig.pop("redistribute")
 
 
+def _reduction_only(current: Sequence[Any], target: Sequence[Any]) -> bool:
+    """Same ragged placements on the same mesh dims, and every other change a Partial <-> Replicate one.
+
+    Such a move (an all-reduce, or a local zero/scale, on another mesh dim) is elementwise: it never looks
+    at the ragged rows' sizes, so it runs here, step by step with upstream's placement methods (the gradient of a ragged
+    tensor that is Partial over tp after the expert down-projection takes this path)."""
+    for p, q in zip(current, target):
+        if is_ragged(p) or is_ragged(q):
+            if type(p) is not type(q) or p != q:
+                return False
+        elif p != q and not ((p.is_partial() or p.is_replicate()) and (q.is_partial() or q.is_replicate())):
+            return False
+    return True
+
+
 def _guarded_local(real: Callable[..., Any]) -> Callable[..., Any]:
     def redistribute_local_tensor(local: Any, current_spec: Any, target_spec: Any, *args: Any, **kwargs: Any) -> Any:
-        if _has_ragged(current_spec.placements) or _has_ragged(target_spec.placements):
+        if (_has_ragged(current_spec.placements) or _has_ragged(target_spec.placements)) and not _reduction_only(
+                current_spec.placements, target_spec.placements):
             raise RaggedPlacementError(
                 f"upstream redistribute {current_spec.placements} -> {target_spec.placements} would relabel ragged rows "
                 "without moving them (same-dim Shard -> Shard is skipped upstream). An op on a ragged DTensor needs a "
                 "ragged rule (none is installed for this op yet); explicit moves: dtensor_rules.ragged.dispatch / "
                 "combine / gather / redistribute")
+        if _has_ragged(current_spec.placements) or _has_ragged(target_spec.placements):
+            for i, (p, q) in enumerate(zip(current_spec.placements, target_spec.placements)):
+                if not is_ragged(p):
+                    local = partial_replicate_step(local, current_spec.mesh, i, p, q)
+            return local
         return real(local, current_spec, target_spec, *args, **kwargs)
 
     return redistribute_local_tensor
@@ -110,7 +136,8 @@ register(Patch(
 register(Patch(
     name="ragged_guard",
     changes="redistribute_local_tensor (its 3 bindings: _redistribute, _dispatch, _api) and distribute_tensor "
-    "(_api, torch.distributed.tensor): raise on a RaggedShard; every other call goes to the original",
+    "(_api, torch.distributed.tensor): raise on a RaggedShard (a redistribute that keeps the ragged placements "
+    "and only moves Partial <-> Replicate on other mesh dims runs here instead); every other call goes to the original",
     reason="an op whose upstream rule wants a ragged input as Shard(d) would relabel its rows silently, and "
     "distribute_tensor would replace a RaggedShard by even Shard(d) chunks: both become clear errors",
     required=True,

@@ -6,7 +6,9 @@ adds the bytes of the larger of its tensor input and its tensor output (an
 all_gather counts the gathered result, a reduce_scatter its full input, an
 all_reduce its tensor, an all_to_all the larger of what it sends and receives), and
 splits forward from backward with ``CommDebugMode``'s own module tracker. On a simulated
-mesh (``LocalTensorMode``) it counts rank 0's pieces.
+mesh (``LocalTensorMode``) it counts rank 0's pieces. The ragged moves' custom ops
+(``dtensor_rules::ragged_exchange``: an all_to_all, ``ragged_all_gather``: an all_gather) are
+counted as the collective they run inside (``CommDebugMode`` does not see into a custom op).
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.utils._pytree import tree_leaves
 
 __all__ = ["CommBytesMode", "collective_name"]
+
+# the package's custom ops that are one collective each (their inner funcol calls are not seen)
+_CUSTOM_COLLECTIVES = {"dtensor_rules.ragged_exchange": "all_to_all", "dtensor_rules.ragged_all_gather": "all_gather"}
 
 
 def collective_name(func: Any) -> str:
@@ -38,8 +43,16 @@ def _bytes(tree: Any) -> int:
             continue
         local = getattr(t, "_local_tensors", None)  # simulated mesh: one piece per rank, sizes may differ
         t = local[min(local)] if local else t
-        total += t.numel() * t.element_size()
+        total += _rank0(t.numel()) * t.element_size()
     return total
+
+
+def _rank0(n: Any) -> int:
+    """An element count; rank 0's for a simulated size that differs per rank (a ``LocalIntNode``)."""
+    if isinstance(n, int):
+        return n
+    ints = getattr(getattr(n, "node", None), "_local_ints", None)
+    return int(ints[min(ints)]) if ints else int(n)
 
 
 class CommBytesMode(CommDebugMode):
@@ -54,9 +67,10 @@ class CommBytesMode(CommDebugMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         before = sum(self.comm_counts.values())
         out = super().__torch_dispatch__(func, types, args, kwargs)
-        if out is not NotImplemented and sum(self.comm_counts.values()) > before:
+        custom = _CUSTOM_COLLECTIVES.get(str(getattr(func, "_overloadpacket", "")))
+        if out is not NotImplemented and (custom or sum(self.comm_counts.values()) > before):
             phase = "backward" if self.advanced_module_tracker.is_bw else "forward"
-            name = collective_name(func)
+            name = custom or collective_name(func)
             size = max(_bytes((args, kwargs)), _bytes(out))
             self.bytes[phase][name] += size
             self.calls[phase][name] += 1
