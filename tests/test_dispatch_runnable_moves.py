@@ -10,9 +10,14 @@ otherwise raises the out= layout error naming the fix.
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import pytest
 import torch
-from torch.distributed.tensor import Partial, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor._dtensor_spec import DTensorSpec  # the move as dispatch runs it (upstream's own)
+from torch.distributed.tensor._redistribute import redistribute_local_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
 from dtensor_rules._upstream import SHARD_TO_PARTIAL_SUM_RUNS
@@ -39,16 +44,72 @@ def test_greedy_never_weighs_a_move_dispatch_does_not_run_as_finite() -> None:
         assert transition_weight(src, dst, False) < float("inf") and runnable((src,), (dst,))
 
 
-def test_collective_shards_fit_only_refuses_nested_reduce_scatters_into_empty_shards() -> None:
+def test_collective_shards_fit_refuses_only_reduce_scatters_the_simulated_mesh_cannot_run() -> None:
+    """Only a reduce-scatter whose ranks' local pieces chunk into different numbers of tensors,
+    and only under the simulated mesh (real ranks each chunk their own piece)."""
     sizes = (2, 2)
-    assert collective_shards_fit((3,), (S0, S0), (S0, S0), sizes)  # already laid out so: nothing moves
-    assert collective_shards_fit((3,), (S0, R), (S0, S0), sizes)  # a local chunk of a replicated dim
-    assert collective_shards_fit((1, 4), (S1, R), (S0, R), sizes)  # an all-to-all into an empty shard
-    assert collective_shards_fit((1,), (P["max"], R), (S0, R), sizes)  # a reduce-scatter over one mesh dim
-    # a reduce-scatter into an empty shard of a dim another mesh dim shards too: dispatch fails on it
-    assert not collective_shards_fit((3,), (S0, P["max"]), (S0, S0), sizes)
-    assert not collective_shards_fit((1,), (R, P["sum"]), (S0, S0), sizes)
-    assert collective_shards_fit((4,), (S0, P["sum"]), (S0, S0), sizes)
+    cases = [  # (shape, src, dst, fits on the simulated mesh)
+        ((3,), (S0, S0), (S0, S0), True),  # already laid out so: nothing moves
+        ((3,), (S0, R), (S0, S0), True),  # a local chunk of a replicated dim
+        ((1, 4), (S1, R), (S0, R), True),  # an all-to-all into an empty shard
+        ((1,), (P["max"], R), (S0, R), True),  # a reduce-scatter over one mesh dim into an empty shard
+        ((1,), (R, P["sum"]), (S0, S0), False),  # 1 row cut 1 / 0, chunked in 2: 1 tensor vs 2 empty ones
+        ((2,), (R, P["sum"]), (S0, S0), True),  # 1 / 1 rows: both chunk into 1 -> the same on every rank
+        ((3,), (S0, P["max"]), (S0, S0), False),  # 2 / 1 rows chunked in 2: 2 tensors vs 1
+        ((3,), (R, P["sum"]), (S0, S0), False),
+        ((4,), (S0, P["sum"]), (S0, S0), True),  # 2 / 2 rows
+        ((1, 3), (P["sum"], R), (S0, S0), True),  # the reduce-scatter comes first (mesh dim 0)
+    ]
+    for shape, src, dst, simulated in cases:
+        assert collective_shards_fit(shape, src, dst, sizes), (shape, src, dst)  # real ranks run every one
+    with simulated_mesh(sizes) as mesh:
+        for shape, src, dst, simulated in cases:
+            assert collective_shards_fit(shape, src, dst, sizes) == simulated, (shape, src, dst)
+            assert _runs_as_dispatch_runs_it(mesh, shape, src, dst) == simulated, (shape, src, dst)
+
+
+@pytest.mark.parametrize("mesh_shape", [(2, 2), (2, 3), pytest.param((2, 2, 2), marks=pytest.mark.slow)])
+def test_collective_shards_fit_never_passes_a_move_the_simulated_mesh_fails(mesh_shape: tuple) -> None:
+    """Every reduce-scatter of a 0..3-row dim from any Replicate/Shard/Partial layout to any
+    Replicate/Shard one: a move the check passes runs as dispatch runs it (sound). On 2-D meshes
+    it is also exact; on 3-D it refuses some moves that run (DTensor orders the steps of a dim
+    sharded over three mesh dims in ways the check does not model), which costs bytes, never a crash."""
+    sources, targets, rows = [R, S0, P["sum"]], [R, S0], range(4)
+    if len(mesh_shape) == 3:  # 1 and 3 rows from replicated / Partial layouts: ~100 moves, not ~700
+        sources, rows = [R, P["sum"]], (1, 3)
+    with simulated_mesh(mesh_shape) as mesh:
+        for n in rows:
+            for src in itertools.product(sources, repeat=len(mesh_shape)):
+                for dst in itertools.product(targets, repeat=len(mesh_shape)):
+                    if not any(s[0] == "P" and d[0] == "S" for s, d in zip(src, dst)):
+                        continue
+                    fits = collective_shards_fit((n,), src, dst, mesh_shape)
+                    if fits or len(mesh_shape) == 2:
+                        assert _runs_as_dispatch_runs_it(mesh, (n,), src, dst) == fits, (n, src, dst)
+
+
+def _runs_as_dispatch_runs_it(mesh: object, shape: tuple, src: tuple, dst: tuple) -> bool:
+    """The move as DTensor's dispatch runs it on the simulated mesh: below autograd, where
+    ``torch.chunk`` reaches LocalTensor as ``aten.chunk`` (whose per-rank lists LocalTensor does
+    not pad, unlike ``aten.split``'s). ``x.redistribute()`` runs above autograd and always works."""
+    x = torch.arange(float(math.prod(shape))).reshape(shape)
+    d = to_dtensor(x, mesh, [_placement(k) for k in src])
+    target = DTensorSpec(mesh, tuple(_placement(k) for k in dst), tensor_meta=d._spec.tensor_meta)
+    try:
+        with torch._C._AutoDispatchBelowAutograd():
+            local = redistribute_local_tensor(d._local_tensor, d._spec, target)
+    except (AttributeError, AssertionError) as e:  # a rank's chunk None / ranks disagreeing on a size
+        assert "requires_grad" in str(e) or "equal for all ranks" in str(e), e
+        return False
+    moved = DTensor.from_local(local, mesh, target.placements, shape=x.shape, stride=x.stride(), run_check=False)
+    torch.testing.assert_close(full_value(moved), x)
+    return True
+
+
+def _placement(k: tuple) -> object:
+    if k[0] == "S":
+        return Shard(k[1])
+    return Partial(k[1]) if k[0] == "P" else Replicate()
 
 
 @pytest.mark.parametrize("reduce_op", ["sum", "max", "min"])

@@ -321,3 +321,24 @@ def test_cat_follows_a_held_sharding_of_a_too_small_dim() -> None:
     call = Call(aten.cat.default, [Tensor(torch.arange(2.0).reshape(1, 2), True), Tensor(torch.arange(3.0).reshape(1, 3), True)],
                 lambda a, b: torch.cat([a, b], 1))
     compare(call, (2, 2), [[Shard(1), Shard(0)], [Replicate(), Replicate()]])
+
+
+def test_reduce_scatters_into_empty_shards_are_chosen_where_they_run() -> None:
+    """#18.6, the last two counterexamples (dev and thorough profiles): upstream reduce-scatters a
+    Partial input into empty shards of a dim another mesh dim also shards; ours refused every such
+    move (16 B vs 0 for an empty slice_scatter source, 240 B vs 192 B for a cat on 2x2x2). Now only
+    the move the simulated mesh cannot run is refused (tests/test_dispatch_runnable_moves.py), and
+    the index_put case that move would crash on runs and still equals plain torch."""
+    slice_scatter = Call(aten.slice_scatter.default,
+                         [Tensor(torch.arange(2.0).reshape(2, 1), True), Tensor(torch.zeros(2, 0), True)],
+                         lambda x, s: torch.slice_scatter(x, s, 1, 0, 0))
+    compare(slice_scatter, (2, 2), [[Shard(0), Shard(0)], [Replicate(), Partial("sum")]])
+    row = torch.arange(3.0).reshape(1, 3)
+    cat = Call(aten.cat.default, [Tensor(row, True), Tensor(torch.tensor([[5.0]]), True), Tensor(row + 7, True)],
+               lambda *xs: torch.cat(list(xs), 1))
+    compare(cat, (2, 2, 2), [[Shard(0), Replicate(), Shard(0)], [Partial("sum"), Replicate(), Replicate()],
+                             [Partial("avg"), Replicate(), Shard(1)]])
+    index_put = Call(aten.index_put.default, [Tensor(torch.tensor([1.5]), True), Tensor(torch.zeros(3, dtype=torch.long), False),
+                                              Tensor(torch.tensor([1.0, 2.0, 3.0]), True)],
+                     lambda x, i, v: torch.index_put(x, (i,), v, accumulate=True))
+    compare(index_put, (2, 2), [[Replicate(), Replicate()], [Shard(0), Shard(0)], [Replicate(), Partial("sum")]])

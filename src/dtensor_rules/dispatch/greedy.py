@@ -29,6 +29,7 @@ from dtensor_rules._upstream import (
     OpSpec,
     OpStrategy,
     ShardingPlaceholder,
+    enabled_local_tensor_mode,
     TupleStrategy,
     is_tensor_shardable,
     redistribute_cost,
@@ -255,27 +256,45 @@ def greedy_rows(
 
 
 def collective_shards_fit(shape: Sequence[int], src: Sequence[Key], dst: Sequence[Key], mesh_sizes: Sequence[int]) -> bool:
-    """Whether moving a tensor of static ``shape`` from placements ``src`` to ``dst`` (keys, one
-    per mesh dim) makes no reduce-scatter produce empty shards of a dim several mesh dims shard.
+    """Whether the move of a tensor of static ``shape`` from placements ``src`` to ``dst`` (keys,
+    one per mesh dim) can run where it runs: False only for a reduce-scatter the simulated mesh
+    cannot run.
 
-    A tensor dim smaller than its shard count is fine otherwise: the input already laid out so,
-    a local chunk of a replicated dim, an all-to-all, a reduce-scatter over one mesh dim
-    (DTensor runs uneven and empty shards; upstream 2.13's own ``cat``/``scatter``/``softmax``
-    strategies choose such moves). A reduce-scatter into empty shards of a dim another mesh dim
-    also shards fails inside dispatch's redistribution on the simulated mesh (torch 2.13 and
-    2.14: "'NoneType' object has no attribute 'requires_grad'", or ranks disagreeing on a size),
-    so such a dim must be at least its shard count, upstream's ``is_tensor_shardable`` test.
+    A reduce-scatter (``P -> S(d)`` on mesh dim m) cuts each rank's local piece of dim d with
+    ``torch.chunk``. On real ranks every rank does that on its own; under ``LocalTensorMode``
+    (the simulated mesh) one op runs for all ranks, and where the ranks' local sizes of d (cut
+    unevenly by the mesh dims that shard d before m) give different numbers of chunks — 3 rows as
+    2 / 1 chunked in 2: 2 chunks vs 1 — LocalTensor cannot combine the per-rank results and
+    dispatch fails ("'NoneType' object has no attribute 'requires_grad'", torch 2.13 and 2.14;
+    upstream's own strategies fail there too). Every other uneven or empty layout runs (upstream
+    2.13's ``cat``/``scatter``/``softmax`` strategies choose them), and on a real mesh this one
+    does too, so only that move on the simulated mesh is refused (#18.6: refusing every
+    reduce-scatter into empty shards moved more bytes than upstream's choice).
     """
-    shards: dict[int, int] = {}
-    mesh_dims: dict[int, int] = {}
-    made: set[int] = set()
-    for s, d, n in zip(src, dst, mesh_sizes):
-        if d[0] == "S":
-            shards[d[1]] = shards.get(d[1], 1) * n
-            mesh_dims[d[1]] = mesh_dims.get(d[1], 0) + 1
-            if s[0] == "P":
-                made.add(d[1])
-    return all(shards[d] <= shape[d] or mesh_dims[d] == 1 for d in made)
+    if enabled_local_tensor_mode() is None:
+        return True
+    for m, (s, d) in enumerate(zip(src, dst)):
+        if s[0] != "P" or d[0] != "S":
+            continue
+        dim = d[1]
+        pieces = [shape[dim]]
+        for k in range(m):  # mesh dims that cut d before m does (DTensor's default shard order)
+            if dst[k] == ("S", dim):
+                pieces = [n for p in pieces for n in _chunk_sizes(p, mesh_sizes[k])]
+        if len({_chunk_count(n, mesh_sizes[m]) for n in pieces}) > 1:
+            return False
+    return True
+
+
+def _chunk_sizes(n: int, k: int) -> list[int]:
+    """The k shard sizes of n rows (``torch.chunk``'s split, empty shards filled in)."""
+    c = -(-n // k) if n else 0
+    return [min(c, max(0, n - i * c)) for i in range(k)]
+
+
+def _chunk_count(n: int, k: int) -> int:
+    """How many tensors ``torch.chunk`` returns for n rows in k chunks (k for an empty dim)."""
+    return k if n == 0 else -(-n // -(-n // k))
 
 
 def _candidates(replicate: Row, dispatch_rows: Callable[[Sequence[Key]], Sequence[Row]], current: list[Key]) -> Iterator[Row]:
