@@ -1,4 +1,4 @@
-"""Shared test setup: the hypothesis profiles, which decide every property test's example count.
+"""Shared test setup: the hypothesis profiles (every property test's example count) and the -n 2 schedule.
 
 HYPOTHESIS_PROFILE=dev (the default): 10 examples, random, so runs explore new inputs;
 ci (what .ci/run uses): 10 examples, derandomized, so a CI failure reproduces from the log;
