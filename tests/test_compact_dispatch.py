@@ -159,6 +159,7 @@ def test_fma_dispatch_matches_single_device_and_exact_layouts_do_not_communicate
 GATHER_LIKE = [Replicate(), Shard(0), Shard(1), Partial("sum"), Partial("max")]
 
 
+@pytest.mark.slow  # ~7 s idle: ten dispatches on a simulated 8-rank mesh (pyproject.toml)
 @given(ps=st.lists(st.sampled_from(GATHER_LIKE), min_size=3, max_size=3),
        pi=st.lists(st.sampled_from([Replicate(), Shard(0), Shard(1)]), min_size=3, max_size=3),
        src_dtype=st.sampled_from([torch.float32, torch.int64]), seed=st.integers(0, 1000))
