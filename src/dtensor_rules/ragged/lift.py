@@ -35,6 +35,7 @@ from dtensor_rules._upstream import DTensorSpec, OpSchema, dispatch_propagated, 
 from dtensor_rules._upstream.ragged import RaggedPlacementError
 from dtensor_rules.ragged.context import attach, context_of
 from dtensor_rules.ragged.placement import RaggedShard, is_ragged
+from dtensor_rules.ragged.table import rule_for
 
 __all__ = ["ragged_call", "has_ragged_spec"]
 
@@ -130,7 +131,12 @@ def _sharding(op: Any, schema: Any) -> tuple[Any, list[Any]]:
 
 
 def ragged_call(op_call: Any, args: Any, kwargs: Any, op_info: Any) -> Any:
-    """Run one call with a ragged input by the lift rule (see the module docstring); its result."""
+    """Run one call with a ragged input: its per-op rule (``ragged.table``) if any, else the lift rule."""
+    rule = rule_for(op_call)
+    if rule is not None:
+        result = rule(op_call, args, kwargs)
+        if result is not NotImplemented:
+            return result
     sharding, targets = _sharding(op_call, op_info.schema)
     if any(t is not s for t, s in zip(targets, pytree.tree_leaves((op_info.schema.args_schema,
                                                                    op_info.schema.kwargs_schema)))):
