@@ -19,7 +19,7 @@ from dtensor_rules.ragged.moves import combine, dispatch, distribute, gather, re
 from dtensor_rules.ragged.permute import Permutation, permute, unpermute
 from dtensor_rules.ragged.route import route
 from dtensor_rules.ragged import patch as _patch  # noqa: F401  (registers the named patches)
-from dtensor_rules.ragged import counting as _counting, indexing as _indexing, sorting as _sorting  # noqa: F401  (rules)
+from dtensor_rules.ragged import counting as _counting, indexing as _indexing, sorting as _sorting, views as _views  # noqa: F401,E501  (rules)
 
 __all__ = ["RaggedShard", "RaggedContext", "is_ragged", "attach", "context_of", "counts_from_local",
            "dispatch", "combine", "gather", "distribute", "redistribute", "permute", "unpermute", "Permutation", "route"]

@@ -71,6 +71,12 @@ def _strict(placements: Any) -> list[tuple[type, Any]]:
     return [(type(p), p) for p in placements]  # Shard(d) == RaggedShard(d) may hold in one direction
 
 
+def _reduces_only(now: Any, to: Any, m: int) -> bool:
+    """Only ``Partial(sum) -> Replicate`` changes, on mesh dims other than the ragged one ``m``."""
+    return all((type(p), p) == (type(q), q) if i == m or p == q else (isinstance(p, Partial) and p.reduce_op == "sum" and q.is_replicate())
+               for i, (p, q) in enumerate(zip(now, to)))
+
+
 def _substitute(tree: Any, fn: Any) -> Any:
     return pytree.tree_map(lambda s: fn(s) if isinstance(s, DTensorSpec) else s, tree)
 
@@ -114,7 +120,12 @@ def _sharding(op: Any, schema: Any) -> tuple[Any, list[Any]]:
     for now, to in zip(flat_now, flat_to):
         if isinstance(now, DTensorSpec) and is_ragged(now.placements[m]):
             if _strict(to.placements) != _strict(_plain(now).placements):
-                raise _refuse(op, specs, f"it would redistribute a ragged input to {tuple(map(str, to.placements))}")
+                if not _reduces_only(_plain(now).placements, to.placements, m):
+                    raise _refuse(op, specs, f"it would redistribute a ragged input to {tuple(map(str, to.placements))}")
+                # Partial -> Replicate on another mesh dim (an all-reduce: elementwise, sizes never read)
+                kept = tuple(now.placements[i] if i == m else q for i, q in enumerate(to.placements))
+                targets.append(DTensorSpec(now.mesh, kept, tensor_meta=now.tensor_meta))
+                continue
             targets.append(now)
         elif isinstance(now, DTensorSpec):
             if not (now.placements[m].is_replicate() and to.placements[m].is_replicate()):
