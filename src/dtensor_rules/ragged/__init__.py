@@ -17,7 +17,9 @@ from dtensor_rules.ragged.placement import RaggedShard, is_ragged
 from dtensor_rules.ragged.context import RaggedContext, attach, context_of, counts_from_local
 from dtensor_rules.ragged.moves import combine, dispatch, distribute, gather, redistribute
 from dtensor_rules.ragged.permute import Permutation, permute, unpermute
+from dtensor_rules.ragged.route import route
 from dtensor_rules.ragged import patch as _patch  # noqa: F401  (registers the named patches)
+from dtensor_rules.ragged import counting as _counting, indexing as _indexing, sorting as _sorting, views as _views  # noqa: F401,E501  (rules)
 
 __all__ = ["RaggedShard", "RaggedContext", "is_ragged", "attach", "context_of", "counts_from_local",
-           "dispatch", "combine", "gather", "distribute", "redistribute", "permute", "unpermute", "Permutation"]
+           "dispatch", "combine", "gather", "distribute", "redistribute", "permute", "unpermute", "Permutation", "route"]

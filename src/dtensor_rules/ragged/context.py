@@ -32,6 +32,10 @@ class RaggedContext(NamedTuple):
     counts: DTensor  # (ep, E) int64: Shard(0) on mesh_dim, Replicate on every other mesh dim
     mesh_dim: int  # the EP mesh dim the ragged dim is sharded over
     recv_counts: Tensor | None = None  # local (ep * E_l,): per sender, for this rank's experts (after a dispatch)
+    # set only on routed ids before their sort (``ragged.route``): the rows are this rank's assignments in
+    # TOKEN order, not yet partition-major; this is the rank's first global row in token-major order (0-d
+    # int64, per rank). Moves refuse such a tensor (its rows are not yet the layout's order); ``sort`` clears it.
+    row_offset: Tensor | None = None
 
     @property
     def ep(self) -> int:

@@ -35,6 +35,7 @@ from dtensor_rules._upstream import DTensorSpec, OpSchema, dispatch_propagated, 
 from dtensor_rules._upstream.ragged import RaggedPlacementError
 from dtensor_rules.ragged.context import attach, context_of
 from dtensor_rules.ragged.placement import RaggedShard, is_ragged
+from dtensor_rules.ragged.table import rule_for
 
 __all__ = ["ragged_call", "has_ragged_spec"]
 
@@ -68,6 +69,12 @@ def _plain(spec: Any) -> Any:
 
 def _strict(placements: Any) -> list[tuple[type, Any]]:
     return [(type(p), p) for p in placements]  # Shard(d) == RaggedShard(d) may hold in one direction
+
+
+def _reduces_only(now: Any, to: Any, m: int) -> bool:
+    """Only ``Partial(sum) -> Replicate`` changes, on mesh dims other than the ragged one ``m``."""
+    return all((type(p), p) == (type(q), q) if i == m or p == q else (isinstance(p, Partial) and p.reduce_op == "sum" and q.is_replicate())
+               for i, (p, q) in enumerate(zip(now, to)))
 
 
 def _substitute(tree: Any, fn: Any) -> Any:
@@ -113,7 +120,12 @@ def _sharding(op: Any, schema: Any) -> tuple[Any, list[Any]]:
     for now, to in zip(flat_now, flat_to):
         if isinstance(now, DTensorSpec) and is_ragged(now.placements[m]):
             if _strict(to.placements) != _strict(_plain(now).placements):
-                raise _refuse(op, specs, f"it would redistribute a ragged input to {tuple(map(str, to.placements))}")
+                if not _reduces_only(_plain(now).placements, to.placements, m):
+                    raise _refuse(op, specs, f"it would redistribute a ragged input to {tuple(map(str, to.placements))}")
+                # Partial -> Replicate on another mesh dim (an all-reduce: elementwise, sizes never read)
+                kept = tuple(now.placements[i] if i == m else q for i, q in enumerate(to.placements))
+                targets.append(DTensorSpec(now.mesh, kept, tensor_meta=now.tensor_meta))
+                continue
             targets.append(now)
         elif isinstance(now, DTensorSpec):
             if not (now.placements[m].is_replicate() and to.placements[m].is_replicate()):
@@ -130,7 +142,12 @@ def _sharding(op: Any, schema: Any) -> tuple[Any, list[Any]]:
 
 
 def ragged_call(op_call: Any, args: Any, kwargs: Any, op_info: Any) -> Any:
-    """Run one call with a ragged input by the lift rule (see the module docstring); its result."""
+    """Run one call with a ragged input: its per-op rule (``ragged.table``) if any, else the lift rule."""
+    rule = rule_for(op_call)
+    if rule is not None:
+        result = rule(op_call, args, kwargs)
+        if result is not NotImplemented:
+            return result
     sharding, targets = _sharding(op_call, op_info.schema)
     if any(t is not s for t, s in zip(targets, pytree.tree_leaves((op_info.schema.args_schema,
                                                                    op_info.schema.kwargs_schema)))):

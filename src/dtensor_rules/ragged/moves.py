@@ -46,6 +46,10 @@ def context_for(x: DTensor, counts: DTensor | None = None, mesh_dim: int | None 
             mesh_dim = dims[0]
         return make_context(counts, mesh_dim, x.device_mesh)
     ctx = context_of(x)
+    if ctx is not None and ctx.row_offset is not None:
+        raise RaggedPlacementError(
+            "this DTensor holds routed rows in token order (dtensor_rules.ragged.route), not yet in the ragged "
+            "layout's partition-major order: sort them first (torch.sort / torch.argsort(stable=True))")
     if ctx is None:
         raise RaggedPlacementError(
             f"this DTensor ({x.placements}) carries no ragged context, so its partition sizes are unknown: pass "
