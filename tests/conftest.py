@@ -28,7 +28,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 HEAVIEST: tuple[tuple[str, float], ...] = (
     ("tests/test_moe_compile.py::test_moe_block_compiles_once_for_every_token_regime", 165),
     ("tests/test_docs_scripts.py::test_script_blocks_run[compile_moe.py]", 108),
-    ("tests/test_expert_parallel.py::", 60),  # one xdist_group: a shared 4-rank world + an 8-rank run
+    ("tests/test_expert_parallel.py::", 60),
+    ("tests/test_ep_compile.py::test_ep_block_compiles_to_one_graph_and_equals_one_device", 60),  # 2 gloo ranks, one compile  # one xdist_group: a shared 4-rank world + an 8-rank run
     ("tests/test_moe_training.py::test_gloo_training_equals_one_device", 45),  # one xdist_group
     ("tests/test_benchmark_smoke.py::test_moe_vs_torchtitan_quick_prints_the_table", 40),
     ("tests/test_train_example.py::test_gloo_fsdp2_ep_tp_trains_like_one_device_and_resumes_bit_for_bit", 34),
