@@ -11,7 +11,8 @@ all, ``E_l = E / ep`` of them on this rank, rank ``r`` owning experts
    ``s`` sends to local expert ``e`` -- the input layout of ``moe_permute_indices``;
 3. move the token rows with an autograd all-to-all whose split sizes are those counts
    summed per rank. ``all_to_all_single`` takes the split sizes as host ints, so this
-   is the one device-to-host sync per step (both split lists in one ``tolist()``);
+   is the one device-to-host sync per step (both split lists in one copy, ``_host_splits``;
+   compiled, they are the graph's unbacked SymInts: docs/compile.md "Compiled expert parallelism");
 4. ``moe_permute_indices`` groups the received rows per local expert and pads every
    group to the ``_grouped_mm`` alignment; the padded rows read a zero row;
 5. SwiGLU with ``_grouped_mm`` on the LOCAL experts only, back to the received order;
@@ -63,6 +64,21 @@ def exchange_counts(counts: torch.Tensor, group: dist.ProcessGroup) -> torch.Ten
     return funcol.wait_tensor(funcol.all_to_all_single(counts, block, block, group))
 
 
+def _host_splits(counts: torch.Tensor, recv_counts: torch.Tensor, ep: int) -> tuple[list[int], list[int]]:
+    """Rows sent to and received from each ep rank, as host ints: the one device-to-host sync.
+
+    ONE copy of the ``2 * ep`` sums to the host (``.cpu()``; a no-op on CPU), then host reads.
+    Under ``torch.compile`` with ``capture_scalar_outputs`` the reads become unbacked SymInts
+    of the graph (no graph break, one graph for every routing); ``torch._check(s >= 0)`` tells
+    the compiler they are valid split sizes. The all-to-all's autograd saves these lists, so
+    the backward reuses them: no second sync.
+    """
+    splits = torch.cat([counts.view(ep, -1).sum(1), recv_counts.view(ep, -1).sum(1)]).cpu().tolist()
+    for s in splits:
+        torch._check(s >= 0)
+    return splits[:ep], splits[ep:]
+
+
 def ep_dispatch(x: torch.Tensor, idx: torch.Tensor, n_experts: int, alignment: int,
                 group: dist.ProcessGroup) -> Dispatched:
     """Send each (token, expert) assignment of ``x`` (T, dim) to the rank owning the expert.
@@ -78,8 +94,7 @@ def ep_dispatch(x: torch.Tensor, idx: torch.Tensor, n_experts: int, alignment: i
     # not bincount: on CUDA it reads max(flat) on the host to size its output (a sync)
     counts = flat.new_zeros(n_experts).scatter_add_(0, flat, torch.ones_like(flat))
     recv_counts = exchange_counts(counts, group)
-    splits = torch.cat([counts.view(ep, E_l).sum(1), recv_counts.view(ep, E_l).sum(1)]).tolist()  # the one D2H sync
-    send_splits, recv_splits = splits[:ep], splits[ep:]
+    send_splits, recv_splits = _host_splits(counts, recv_counts, ep)
     rows = x[torch.div(order, k, rounding_mode="floor")]
     received = _all_to_all(rows, recv_splits, send_splits, group)
     n_recv = received.shape[0]
