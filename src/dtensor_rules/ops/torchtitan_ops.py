@@ -12,7 +12,7 @@ silu_and_mul                            torchtitan.overrides.fused_swiglu      r
 silu_and_mul_backward                   torchtitan.overrides.fused_swiglu      rule, cost, samples (CUDA-only op)
 fused_mla_k_rope                        torchtitan.overrides.fused_mla         rule, cost, samples (CUDA-only op)
 fused_mla_kv_backward                   torchtitan.overrides.fused_mla         rule, cost, samples (CUDA-only op)
-fused_mla_q_rope_                       torchtitan.overrides.fused_mla         not covered (in place, no fake impl)
+fused_mla_q_rope_                       torchtitan.overrides.fused_mla         rule, cost, samples (CUDA-only, in place)
 helion_{cossin,complex}_rope_{fwd,bwd}  torchtitan.overrides.helion_rope       not covered (need helion)
 ======================================  =====================================  =====================================
 
@@ -87,6 +87,20 @@ P(avg), R|P(avg|max|min) R, P(avg), R, R        grad_k_pe does not read grad_v: 
 P(avg), P(avg)           P(avg), R, R, R        affine in grad_k for the mean
 =======================  =====================  ==========================================================
 
+fused_mla_q_rope_(q (B, L, H, nope + R), cache, positions (B, L), q_nope_dim, inverse) -> q, in
+place: ``q[..., nope:]`` rotated (``inverse``: rotated back, its backward) by the rope of
+``positions``, the same for every head; ``q[..., :nope]`` untouched — ``[q (result), q, cache,
+positions]``. The result IS ``self``, so every row keeps q's placement for the result (DTensor
+refuses an in-place op that would change it):
+
+=======================  =====================  ==========================================================
+result = q               q, cache, positions    why it is valid
+=======================  =====================  ==========================================================
+S(0) / S(1)              S(d), R, S(d)          tokens (batch / sequence) are independent
+S(2)                     S(2), R, R             heads are independent (positions are per token)
+P(sum) / P(avg)          P(op), R, R            linear in q (the rotation is linear; nope part identity)
+=======================  =====================  ==========================================================
+
 Not offered. silu ops: gate Partial (silu is not linear), P(max/min) (the other factor's sign
 flips the order), S(0) with offsets (above). MLA ops: P(max/min) (the rotation mixes signs), a
 shard of the last dim (rope pairs, the nope/rope split), the cache sharded or Partial (a lookup
@@ -94,7 +108,7 @@ table indexed by position). Partial rows need floating inputs (``partial_ops``).
 
 Registration: a post-import hook (:func:`dtensor_rules.core.post_import.when_imported`) on each
 defining module, the named patch ``torchtitan_rules`` (docs/patches.md). Before torchtitan is
-imported, ``status().deferred`` lists the five rules as waiting, like ``prims.fma``; importing
+imported, ``status().deferred`` lists the six rules as waiting, like ``prims.fma``; importing
 the module registers the rule (and installs it if the package's rules are installed).
 """
 
@@ -119,7 +133,8 @@ from dtensor_rules.ops.gather_scatter import scatter_add_strategy
 from dtensor_rules.patches import guarded
 
 __all__ = ["TORCHTITAN_OPS", "deterministic_scatter_add_strategy", "silu_and_mul_strategy",
-           "silu_and_mul_backward_strategy", "fused_mla_k_rope_strategy", "fused_mla_kv_backward_strategy"]
+           "silu_and_mul_backward_strategy", "fused_mla_k_rope_strategy", "fused_mla_kv_backward_strategy",
+           "fused_mla_q_rope_strategy"]
 
 Row = list[PlacementOrHole]
 R: Placement = Replicate()
@@ -218,6 +233,26 @@ def fused_mla_kv_backward_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]
     return rows
 
 
+def fused_mla_q_rope_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
+    """In place: the result is q, so each row repeats q's placement; tokens, heads, linear in q."""
+    q = metas(args)[0]
+    rows: list[Row] = [[Shard(d), Shard(d), R, Shard(d)] for d in (0, 1)]
+    rows.append([Shard(2), Shard(2), R, R])
+    rows += [[Partial(o), Partial(o), R, R] for o in ("sum", "avg") if o in partial_ops([q.dtype])]
+    return rows
+
+
+def fused_mla_q_rope_cost(op: OpOverload, args: tuple, kwargs: dict) -> OpCost:
+    """Rotates the rope part of every head in place (6 flops a pair): reads and writes only that
+    part of q, plus a cos/sin pair per rope pair and a position per token."""
+    q = args[0]
+    B, L, H = q.shape[:3]
+    rope = q.shape[-1] - args[3]
+    moved = B * L * H * rope * q.element_size()
+    return OpCost(3 * B * L * H * rope, moved + B * L * (rope * 4 + 8), moved, dtype=torch.float32,
+                  family="pointwise")
+
+
 def fused_mla_k_rope_cost(op: OpOverload, args: tuple, kwargs: dict) -> OpCost:
     """Copies kv's nope part, rotates k_pe once per token (6 flops a pair), writes k (every head)."""
     kv, k_pe = args[:2]
@@ -270,6 +305,8 @@ TORCHTITAN_OPS = (
     _Spec("silu_and_mul_backward", FUSED_SWIGLU, silu_and_mul_backward_strategy, silu_and_mul_backward_cost,
           "silu_and_mul_backward_samples"),
     _Spec("fused_mla_k_rope", FUSED_MLA, fused_mla_k_rope_strategy, fused_mla_k_rope_cost, "fused_mla_k_rope_samples"),
+    _Spec("fused_mla_q_rope_", FUSED_MLA, fused_mla_q_rope_strategy, fused_mla_q_rope_cost,
+          "fused_mla_q_rope_samples"),
     _Spec("fused_mla_kv_backward", FUSED_MLA, fused_mla_kv_backward_strategy, fused_mla_kv_backward_cost,
           "fused_mla_kv_backward_samples"),
 )

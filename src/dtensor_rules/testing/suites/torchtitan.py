@@ -67,3 +67,14 @@ def fused_mla_kv_backward_samples() -> Samples:
         cache, pos = _rope_inputs(g, B, L, rope)
         out.append(((_r(g, B, L, H, nope + rope, dtype=dtype), _r(g, B, L, H, V, dtype=dtype), cache, pos, nope, rope), {}))
     return out
+
+
+def fused_mla_q_rope_samples() -> Samples:
+    """q (B, L, H, nope + rope), rotated forward (fp32) and back (bf16, the backward's use)."""
+    g = generator(65)
+    out = []
+    for B, L, H, nope, rope, dtype, inverse in ((3, 5, 4, 4, 4, torch.float32, False),
+                                                (2, 3, 3, 2, 6, torch.bfloat16, True)):
+        cache, pos = _rope_inputs(g, B, L, rope)
+        out.append(((_r(g, B, L, H, nope + rope, dtype=dtype), cache, pos, nope, inverse), {}))
+    return out
