@@ -23,7 +23,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -35,10 +35,11 @@ from dtensor_rules.testing import check_rule, simulated_mesh
 from dtensor_rules.testing.dispatch import layout_kinds, pick_layouts, sharded_call
 from dtensor_rules.testing.simulate import Sample
 from dtensor_rules.testing.tables import emitted
-from tests._torchtitan import require_torchtitan
+from tests._torchtitan import require_helion_rope, require_torchtitan
 
+HELION_OPS = tuple(f"helion_{kind}_rope_{d}" for kind in ("cossin", "complex") for d in ("fwd", "bwd"))
 OPS = ("deterministic_scatter_add", "silu_and_mul", "silu_and_mul_backward", "fused_mla_k_rope", "fused_mla_kv_backward",
-       "fused_mla_q_rope_")
+       "fused_mla_q_rope_", *HELION_OPS)
 
 
 def _rows_before(n: int, offsets: torch.Tensor | None, device: torch.device) -> torch.Tensor:
@@ -110,10 +111,42 @@ def titan_ops() -> Iterator[dict[str, torch._ops.OpOverload]]:
     lib.impl("fused_mla_q_rope_", _fused_mla_q_rope_cpu, "CPU")
     lib.impl("silu_and_mul", _silu_and_mul_cpu, "CPU")
     lib.impl("silu_and_mul_backward", _silu_and_mul_backward_cpu, "CPU")
+    restore = _helion_on_cpu(lib)
     try:
-        yield {name: getattr(torch.ops.torchtitan, name).default for name in OPS}
+        yield {name: getattr(torch.ops.torchtitan, name).default for name in OPS if hasattr(torch.ops.torchtitan, name)}
     finally:
         lib._destroy()
+        restore()
+
+
+def _helion_on_cpu(lib: torch.library.Library) -> Callable[[], None]:
+    """Where helion is installed: the helion ops' CPU kernel is torchtitan's own helion kernel in
+    helion's reference (eager PyTorch) mode, so the rules are checked against the real kernel code."""
+    try:
+        hr = require_helion_rope()
+    except pytest.skip.Exception:
+        return lambda: None
+    from helion.runtime.ref_mode import RefMode
+
+    kernels = {f"helion_{k}_rope_{d}": getattr(hr, f"_rope_{n}_{d}") for k, n in (("cossin", "cos_sin"),
+                                                                                ("complex", "complex"))
+               for d in ("fwd", "bwd")}
+    before = {name: k.settings.ref_mode for name, k in kernels.items()}
+    for name, kernel in kernels.items():
+        kernel.settings.ref_mode = RefMode.EAGER
+        lib.impl(name, lambda *a, _k=kernel: _k(*(t.contiguous() for t in a)), "CPU")
+
+    def restore() -> None:
+        for name, kernel in kernels.items():
+            kernel.settings.ref_mode = before[name]
+
+    return restore
+
+
+def _op(titan_ops: dict, name: str) -> torch._ops.OpOverload:
+    if name in HELION_OPS:
+        require_helion_rope()  # a skip without helion (outside CI)
+    return titan_ops[name]
 
 
 def test_status_lists_the_rules_as_deferred_until_torchtitan_defines_the_ops() -> None:
@@ -158,7 +191,7 @@ def test_rule_matches_ground_truth(titan_ops: dict, name: str, mesh_shape: tuple
     """The validator runs the op on every simulated rank for every input layout: our rows are all
     correct, and no layout that ground truth accepts is missing (bf16 and offsets samples included;
     every sample on the 1-D mesh, the first on 2x2, where a sample costs ~3 s)."""
-    op = titan_ops[name]
+    op = _op(titan_ops, name)
     assert registry.get_rule(op).module == "dtensor_rules.ops.torchtitan_ops"
     for sample in _samples(op)[: 1 if len(mesh_shape) > 1 else None]:
         report = check_rule(op, sample.args, sample.kwargs, mesh_shape)
@@ -169,7 +202,7 @@ def test_rule_matches_ground_truth(titan_ops: dict, name: str, mesh_shape: tuple
 @pytest.mark.parametrize("name", OPS)
 def test_rule_through_dtensor_dispatch_matches_one_device(titan_ops: dict, name: str) -> None:
     """Real DTensor dispatch (our installed rule picks the strategy) on a simulated 2x2 mesh."""
-    op = titan_ops[name]
+    op = _op(titan_ops, name)
     mesh_shape = (2, 2)
     seen: set[str] = set()
     with registry.installed("override", ops=[op]), simulated_mesh(mesh_shape) as mesh:
