@@ -24,7 +24,7 @@ setup(
         "solver": ["pulp"],  # dtensor_rules.solver: the ILP placement solver (PuLP bundles CBC)
         # torchtitan's MoE as an expert_parallel target and its custom ops' DTensor rules;
         # torchtitan imports triton without declaring it
-        "torchtitan": ["torchtitan", "triton"],
+        "torchtitan": ["torchtitan", "triton", "helion"],  # helion: its helion rope ops exist only with it
     },
     entry_points={"console_scripts": ["dtensor-rules=dtensor_rules.cli.main:main"]},
 )

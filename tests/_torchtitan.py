@@ -25,6 +25,17 @@ def require_torchtitan(module: str = "torchtitan.models.common.moe"):
     return pytest.importorskip(module, reason="the [torchtitan] extra is not installed (CI installs it)")
 
 
+def require_helion_rope():
+    """torchtitan's helion rope module with its ops defined (they need helion, part of the extra):
+    ImportError under CI, a skip elsewhere."""
+    hr = require_torchtitan("torchtitan.overrides.helion_rope")
+    if hr._HELION_IMPORT_ERROR is not None:
+        if torchtitan_required():
+            raise hr._HELION_IMPORT_ERROR
+        pytest.skip(f"helion is not installed ({hr._HELION_IMPORT_ERROR}); the [torchtitan] extra installs it")
+    return hr
+
+
 def torchtitan_moe(dim: int = 16, hidden: int = 32, n_experts: int = 8, top_k: int = 2, *, score_func: str = "softmax",
                    route_norm: bool = True, route_scale: float = 1.0, shared: bool = True, seed: int = 0,
                    bias_hot: int | None = None):
@@ -59,4 +70,4 @@ def torchtitan_moe(dim: int = 16, hidden: int = 32, n_experts: int = 8, top_k: i
     return m
 
 
-__all__ = ["torchtitan_required", "require_torchtitan", "torchtitan_moe"]
+__all__ = ["torchtitan_required", "require_torchtitan", "require_helion_rope", "torchtitan_moe"]

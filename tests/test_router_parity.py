@@ -7,7 +7,8 @@
 - ``routing.expert_bias_delta`` vs torchtitan's optimizer pre-hook
   (``register_moe_load_balancing_hook``), run on a torchtitan MoE with those counts.
 
-torchtitan 0.3.0 has no auxiliary load-balancing loss to compare with (none is built here).
+torchtitan 0.3.0 has no auxiliary load-balancing loss to compare with: the package's optional one is
+checked against the paper's formulas in tests/test_balance_loss.py.
 """
 
 from __future__ import annotations

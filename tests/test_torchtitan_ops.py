@@ -8,8 +8,10 @@
   tests/test_rules_dispatch_oracle.py, which leaves these ops to this file): a Partial input, an
   uneven shard and any shard per sample, where the rule offers them.
 
-``silu_and_mul`` and its backward are CUDA-only ops (a Triton kernel); the fixture gives them a CPU
-kernel for the test's duration: plain torch with the kernel's semantics (float32 math, cast to the
+``silu_and_mul``, its backward and the fused MLA rope ops are CUDA-only (Triton kernels); the fixture
+gives them a CPU kernel for the test's duration (``fused_mla_q_rope_`` rotates q in place, as the
+kernel does, and its rule keeps q's placement for the result: checked through DTensor dispatch).
+silu_and_mul's CPU kernel is plain torch with the kernel's semantics (float32 math, cast to the
 input dtype, rows past ``offsets[-1]`` not computed: zero here, unwritten memory there). Those
 rows are undefined, which the validator cannot express: on a sample with offsets it checks that
 every layout we offer is correct, not that no valid one is missing (with zeros standing in for
@@ -21,7 +23,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -33,9 +35,11 @@ from dtensor_rules.testing import check_rule, simulated_mesh
 from dtensor_rules.testing.dispatch import layout_kinds, pick_layouts, sharded_call
 from dtensor_rules.testing.simulate import Sample
 from dtensor_rules.testing.tables import emitted
-from tests._torchtitan import require_torchtitan
+from tests._torchtitan import require_helion_rope, require_torchtitan
 
-OPS = ("deterministic_scatter_add", "silu_and_mul", "silu_and_mul_backward", "fused_mla_k_rope", "fused_mla_kv_backward")
+HELION_OPS = tuple(f"helion_{kind}_rope_{d}" for kind in ("cossin", "complex") for d in ("fwd", "bwd"))
+OPS = ("deterministic_scatter_add", "silu_and_mul", "silu_and_mul_backward", "fused_mla_k_rope", "fused_mla_kv_backward",
+       "fused_mla_q_rope_", *HELION_OPS)
 
 
 def _rows_before(n: int, offsets: torch.Tensor | None, device: torch.device) -> torch.Tensor:
@@ -88,21 +92,61 @@ def _fused_mla_kv_backward_cpu(grad_k: torch.Tensor, grad_v: torch.Tensor, cache
     return grad_kv, _rotate(summed, cache, positions, inverse=True).to(grad_k.dtype)
 
 
+def _fused_mla_q_rope_cpu(q: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor, q_nope_dim: int,
+                          inverse: bool) -> torch.Tensor:
+    """In place, like the kernel: the rope part of every head rotated (or back), the nope part untouched."""
+    q[..., q_nope_dim:] = _rotate(q[..., q_nope_dim:], cache, positions, inverse).to(q.dtype)
+    return q
+
+
 @pytest.fixture(scope="module")
 def titan_ops() -> Iterator[dict[str, torch._ops.OpOverload]]:
-    """The three ops, defined by torchtitan's modules; the two CUDA-only ones get a CPU kernel until teardown."""
+    """The ops, defined by torchtitan's modules; the CUDA-only ones get a CPU kernel until teardown."""
     require_torchtitan("torchtitan.ops.scatter_add")
     require_torchtitan("torchtitan.overrides.fused_swiglu")
     require_torchtitan("torchtitan.overrides.fused_mla")
     lib = torch.library.Library("torchtitan", "IMPL")
     lib.impl("fused_mla_k_rope", _fused_mla_k_rope_cpu, "CPU")
     lib.impl("fused_mla_kv_backward", _fused_mla_kv_backward_cpu, "CPU")
+    lib.impl("fused_mla_q_rope_", _fused_mla_q_rope_cpu, "CPU")
     lib.impl("silu_and_mul", _silu_and_mul_cpu, "CPU")
     lib.impl("silu_and_mul_backward", _silu_and_mul_backward_cpu, "CPU")
+    restore = _helion_on_cpu(lib)
     try:
-        yield {name: getattr(torch.ops.torchtitan, name).default for name in OPS}
+        yield {name: getattr(torch.ops.torchtitan, name).default for name in OPS if hasattr(torch.ops.torchtitan, name)}
     finally:
         lib._destroy()
+        restore()
+
+
+def _helion_on_cpu(lib: torch.library.Library) -> Callable[[], None]:
+    """Where helion is installed: the helion ops' CPU kernel is torchtitan's own helion kernel in
+    helion's reference (eager PyTorch) mode, so the rules are checked against the real kernel code."""
+    try:
+        hr = require_helion_rope()
+    except pytest.skip.Exception:
+        return lambda: None
+    from helion.runtime.ref_mode import RefMode
+
+    kernels = {f"helion_{k}_rope_{d}": getattr(hr, f"_rope_{n}_{d}") for k, n in (("cossin", "cos_sin"),
+                                                                                ("complex", "complex"))
+               for d in ("fwd", "bwd")}
+    before = {name: k.settings.ref_mode for name, k in kernels.items()}
+    for name, kernel in kernels.items():
+        kernel.settings.ref_mode = RefMode.EAGER
+        lib.impl(name, lambda *a, _k=kernel: _k(*(t.contiguous() for t in a)), "CPU")
+
+    def restore() -> None:
+        for name, kernel in kernels.items():
+            kernel.settings.ref_mode = before[name]
+
+    return restore
+
+
+def _op(titan_ops: dict, name: str) -> torch._ops.OpOverload:
+    if name in HELION_OPS:
+        require_helion_rope()  # a skip without helion (outside CI)
+    return titan_ops[name]
 
 
 def test_status_lists_the_rules_as_deferred_until_torchtitan_defines_the_ops() -> None:
@@ -131,6 +175,10 @@ def _slow(name: str, mesh: tuple[int, ...]) -> bool:
     return name.startswith("fused_mla") or (name, mesh) == ("silu_and_mul_backward", (2,))
 
 
+def _fresh(args: tuple) -> tuple:
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
 def _samples(op: torch._ops.OpOverload) -> list[Sample]:
     return [Sample(tuple(a), dict(k)) for a, k in registry.get_rule(op).samples()]
 
@@ -143,7 +191,7 @@ def test_rule_matches_ground_truth(titan_ops: dict, name: str, mesh_shape: tuple
     """The validator runs the op on every simulated rank for every input layout: our rows are all
     correct, and no layout that ground truth accepts is missing (bf16 and offsets samples included;
     every sample on the 1-D mesh, the first on 2x2, where a sample costs ~3 s)."""
-    op = titan_ops[name]
+    op = _op(titan_ops, name)
     assert registry.get_rule(op).module == "dtensor_rules.ops.torchtitan_ops"
     for sample in _samples(op)[: 1 if len(mesh_shape) > 1 else None]:
         report = check_rule(op, sample.args, sample.kwargs, mesh_shape)
@@ -154,13 +202,13 @@ def test_rule_matches_ground_truth(titan_ops: dict, name: str, mesh_shape: tuple
 @pytest.mark.parametrize("name", OPS)
 def test_rule_through_dtensor_dispatch_matches_one_device(titan_ops: dict, name: str) -> None:
     """Real DTensor dispatch (our installed rule picks the strategy) on a simulated 2x2 mesh."""
-    op = titan_ops[name]
+    op = _op(titan_ops, name)
     mesh_shape = (2, 2)
     seen: set[str] = set()
     with registry.installed("override", ops=[op]), simulated_mesh(mesh_shape) as mesh:
         for i, sample in enumerate(_samples(op)):
             for pick in pick_layouts(emitted(op, sample.args, sample.kwargs, mesh_shape), sample.tensors(), mesh_shape, i):
-                want = op(*sample.args, **sample.kwargs)
+                want = op(*_fresh(sample.args), **sample.kwargs)  # fused_mla_q_rope_ writes into q
                 got = sharded_call(op, sample, mesh, pick[0])
                 got_t, want_t = (got, want) if isinstance(want, tuple) else ((got,), (want,))
                 for gt, w in zip(got_t, want_t):
@@ -183,3 +231,26 @@ def test_costs_price_the_ops(titan_ops: dict) -> None:
     via_aten = estimate(torch.ops.aten.scatter_add.default, out, 0, index, src)
     assert estimate(titan_ops["deterministic_scatter_add"], out, index, src) == via_aten
     assert dtensor_rules.status()[titan_ops["silu_and_mul"]]["active"] == "ours"
+
+
+def test_q_rope_in_place_on_dtensors_returns_q_with_its_placements(titan_ops: dict) -> None:
+    """The in-place op on a DTensor q: the result is q itself (same object, same placements), its
+    values the one-device rotation; every layout the rule offers for q is one DTensor accepts."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    op = titan_ops["fused_mla_q_rope_"]
+    q, cache, pos, nope, inverse = _samples(op)[0].args
+    want = op(q.clone(), cache, pos, nope, inverse)
+    torch.testing.assert_close(op(want.clone(), cache, pos, nope, not inverse), q)  # the backward undoes it
+    layouts = [((Shard(0), Shard(2)), (Shard(0), Replicate())), ((Shard(1), Replicate()), (Shard(1), Replicate())),
+               ((Shard(2), Shard(0)), (Replicate(), Shard(0))), ((Partial("sum"), Shard(1)), (Replicate(), Shard(1)))]
+    with registry.installed("override", ops=[op]), simulated_mesh((2, 2)) as mesh:
+        for q_pl, pos_pl in layouts:
+            plain = [Replicate() if isinstance(p, Partial) else p for p in q_pl]
+            qd = distribute_tensor(q.clone(), mesh, plain)
+            if plain != list(q_pl):  # Partial(sum) on a 2-rank dim: half of the value on each rank
+                qd = DTensor.from_local(qd.to_local() / 2, mesh, q_pl, shape=qd.shape, stride=qd.stride())
+            out = op(qd, distribute_tensor(cache, mesh, [Replicate()] * 2), distribute_tensor(pos, mesh, pos_pl),
+                     nope, inverse)
+            assert out is qd and tuple(out.placements) == q_pl, (q_pl, out.placements)
+            torch.testing.assert_close(out.full_tensor(), want, msg=lambda m: f"{q_pl}: {m}")

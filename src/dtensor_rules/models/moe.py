@@ -17,6 +17,10 @@ Pipeline (T tokens, E experts, k = top_k, A = alignment, L = T*k + E*A):
    ``w1, w3: (E, dim, hidden)``, ``w2: (E, hidden, dim)`` with int32 ``offs``.
 5. combine: each assignment's output times its weight, ``scatter_add`` into its token.
 6. plus a shared-expert SwiGLU MLP (hidden ``n_shared * hidden``) on every token.
+7. optional (``balance_loss="sequence"|"batch"``, default off): an auxiliary load-balancing
+   loss from the router's scores (``routing.balance_loss``), left in ``module.aux_loss`` after
+   each forward for the training loop to add to its loss; ``"sequence"`` takes each row of a
+   (B, S, dim) input as a sequence (a (T, dim) input is one sequence).
 
 No ``.item()``/``.tolist()``/data-dependent shapes: every buffer size is a Python int
 computed from shapes, so the block traces and runs under DTensor. Integer division is
@@ -43,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dtensor_rules.models.routing import node_limited, router_scores
+from dtensor_rules.models.routing import balance_loss, node_limited, router_scores
 
 __all__ = ["MoEConfig", "MoE", "alignment_for", "shard_moe"]
 
@@ -73,6 +77,8 @@ class MoEConfig:
     score_func: Literal["sigmoid", "softmax"] = "sigmoid"
     n_expert_groups: int | None = None  # node-limited routing (models/routing.py): groups of experts
     n_limited_groups: int | None = None  # ... of which each token may pick from this many
+    balance_loss: Literal["sequence", "batch"] | None = None  # auxiliary loss (step 7); None: off
+    balance_alpha: float = 1e-4  # its weight (DeepSeek-V3 trained with 1e-4)
 
     def __post_init__(self) -> None:
         if self.score_func not in ("sigmoid", "softmax"):
@@ -86,6 +92,8 @@ class MoEConfig:
                                  f"{self.n_expert_groups} when n_expert_groups is set")
         if not 1 <= self.top_k <= self.n_experts:
             raise ValueError(f"top_k={self.top_k} must be in 1..n_experts={self.n_experts}")
+        if self.balance_loss not in (None, "sequence", "batch"):
+            raise ValueError(f"balance_loss={self.balance_loss!r}: use None (off), 'sequence' or 'batch'")
         if self.permute_impl not in ("torch", "kernel"):
             raise ValueError(f"permute_impl={self.permute_impl!r}: use 'torch' or 'kernel'")
         if self.alignment is not None and self.alignment < 1:
@@ -111,6 +119,8 @@ class MoE(nn.Module):
         self.register_buffer("expert_bias", torch.zeros(E, dtype=torch.float32) if c.expert_bias else None)
         # set by ``expert_parallel``: computes the routed experts instead of ``routed_experts``
         self.routed_region: Callable[[MoE, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        # the last forward's load-balancing loss (``config.balance_loss``); None when off
+        self.aux_loss: torch.Tensor | None = None
         self.init_weights(0)
 
     def init_weights(self, seed: int) -> None:
@@ -136,6 +146,11 @@ class MoE(nn.Module):
     # ------------------------------------------------------------------ pieces
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (T, dim) -> (expert ids (T, k) int64, weights (T, k) in x's dtype)."""
+        idx, weights, _ = self._route(x)
+        return idx, weights
+
+    def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`route` plus the (T, E) float32 scores the balance loss reads."""
         c = self.config
         scores = router_scores(torch.mm(x, self.gate.t()), c.score_func)
         select = scores + self.expert_bias if self.expert_bias is not None else scores
@@ -145,7 +160,7 @@ class MoE(nn.Module):
         weights = scores.gather(-1, idx)
         if c.route_norm:
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-        return idx, (weights * c.route_scale).to(x.dtype)
+        return idx, (weights * c.route_scale).to(x.dtype), scores
 
     def alignment(self, dtype: torch.dtype) -> int:
         return self.config.alignment or alignment_for(dtype)
@@ -245,7 +260,11 @@ class MoE(nn.Module):
         # when the token count is unbacked under torch.compile (see flat_assignments)
         flat_tokens = x.ndim != 2
         x2 = x.reshape(-1, self.config.dim) if flat_tokens else x
-        idx, weights = self.route(x2)
+        idx, weights, scores = self._route(x2)
+        c = self.config
+        if c.balance_loss is not None:
+            seq_len = x.shape[-2] if c.balance_loss == "sequence" and x.ndim >= 3 else None
+            self.aux_loss = balance_loss(scores, idx, c.balance_alpha, seq_len)
         region = self.routed_region or MoE.routed_experts
         out = region(self, x2, idx, weights) + self.shared(x2)
         return out.reshape(x.shape) if flat_tokens else out

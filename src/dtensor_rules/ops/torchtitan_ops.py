@@ -12,8 +12,9 @@ silu_and_mul                            torchtitan.overrides.fused_swiglu      r
 silu_and_mul_backward                   torchtitan.overrides.fused_swiglu      rule, cost, samples (CUDA-only op)
 fused_mla_k_rope                        torchtitan.overrides.fused_mla         rule, cost, samples (CUDA-only op)
 fused_mla_kv_backward                   torchtitan.overrides.fused_mla         rule, cost, samples (CUDA-only op)
-fused_mla_q_rope_                       torchtitan.overrides.fused_mla         not covered (in place, no fake impl)
-helion_{cossin,complex}_rope_{fwd,bwd}  torchtitan.overrides.helion_rope       not covered (need helion)
+fused_mla_q_rope_                       torchtitan.overrides.fused_mla         rule, cost, samples (CUDA-only, in place)
+helion_{cossin,complex}_rope_{fwd,bwd}  torchtitan.overrides.helion_rope       rule, cost, samples (CUDA-only; defined
+                                                                               only where helion is installed)
 ======================================  =====================================  =====================================
 
 deterministic_scatter_add(out, index, src) = ``out.scatter_add(0, index, src)`` with
@@ -87,14 +88,42 @@ P(avg), R|P(avg|max|min) R, P(avg), R, R        grad_k_pe does not read grad_v: 
 P(avg), P(avg)           P(avg), R, R, R        affine in grad_k for the mean
 =======================  =====================  ==========================================================
 
+fused_mla_q_rope_(q (B, L, H, nope + R), cache, positions (B, L), q_nope_dim, inverse) -> q, in
+place: ``q[..., nope:]`` rotated (``inverse``: rotated back, its backward) by the rope of
+``positions``, the same for every head; ``q[..., :nope]`` untouched — ``[q (result), q, cache,
+positions]``. The result IS ``self``, so every row keeps q's placement for the result (DTensor
+refuses an in-place op that would change it):
+
+=======================  =====================  ==========================================================
+result = q               q, cache, positions    why it is valid
+=======================  =====================  ==========================================================
+S(0) / S(1)              S(d), R, S(d)          tokens (batch / sequence) are independent
+S(2)                     S(2), R, R             heads are independent (positions are per token)
+P(sum) / P(avg)          P(op), R, R            linear in q (the rotation is linear; nope part identity)
+=======================  =====================  ==========================================================
+
+helion_{cossin,complex}_rope_{fwd,bwd}(xq (B, L, H, D), xk (B, L, Hk, D), cache, positions (B, L))
+-> (xq_out, xk_out): each of xq and xk rotated (bwd: rotated back) per token by the rope of its
+position, the same for every head (cossin: rotate-half with a (M, 2D) cos|sin cache; complex:
+adjacent pairs with a (M, D/2, 2) cache). xq_out reads only xq, xk_out only xk, so the two pairs
+place independently — ``[xq_out, xk_out, xq, xk, cache, positions]``:
+
+=======================  =====================  ==========================================================
+xq_out, xk_out           xq, xk, cache, pos     why it is valid
+=======================  =====================  ==========================================================
+S(0), S(0) / S(1), S(1)  S(d), S(d), R, S(d)    tokens are independent (both read the same positions)
+a, b                     a, b, R, R             a, b each R, S(2) (heads), P(sum) or P(avg) (linear), not
+                                                both R: a pair's output depends on its own input only
+=======================  =====================  ==========================================================
+
 Not offered. silu ops: gate Partial (silu is not linear), P(max/min) (the other factor's sign
 flips the order), S(0) with offsets (above). MLA ops: P(max/min) (the rotation mixes signs), a
-shard of the last dim (rope pairs, the nope/rope split), the cache sharded or Partial (a lookup
+shard of the last dim (rope pairs, the nope/rope split; helion: the rotate-half halves), the cache sharded or Partial (a lookup
 table indexed by position). Partial rows need floating inputs (``partial_ops``).
 
 Registration: a post-import hook (:func:`dtensor_rules.core.post_import.when_imported`) on each
 defining module, the named patch ``torchtitan_rules`` (docs/patches.md). Before torchtitan is
-imported, ``status().deferred`` lists the five rules as waiting, like ``prims.fma``; importing
+imported, ``status().deferred`` lists the ten rules as waiting, like ``prims.fma``; importing
 the module registers the rule (and installs it if the package's rules are installed).
 """
 
@@ -119,13 +148,15 @@ from dtensor_rules.ops.gather_scatter import scatter_add_strategy
 from dtensor_rules.patches import guarded
 
 __all__ = ["TORCHTITAN_OPS", "deterministic_scatter_add_strategy", "silu_and_mul_strategy",
-           "silu_and_mul_backward_strategy", "fused_mla_k_rope_strategy", "fused_mla_kv_backward_strategy"]
+           "silu_and_mul_backward_strategy", "fused_mla_k_rope_strategy", "fused_mla_kv_backward_strategy",
+           "fused_mla_q_rope_strategy", "helion_rope_strategy"]
 
 Row = list[PlacementOrHole]
 R: Placement = Replicate()
 SCATTER_ADD = "torchtitan.ops.scatter_add"
 FUSED_SWIGLU = "torchtitan.overrides.fused_swiglu"
 FUSED_MLA = "torchtitan.overrides.fused_mla"
+HELION_ROPE = "torchtitan.overrides.helion_rope"  # defines its ops only where helion imports
 
 
 def deterministic_scatter_add_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
@@ -218,6 +249,48 @@ def fused_mla_kv_backward_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]
     return rows
 
 
+def fused_mla_q_rope_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
+    """In place: the result is q, so each row repeats q's placement; tokens, heads, linear in q."""
+    q = metas(args)[0]
+    rows: list[Row] = [[Shard(d), Shard(d), R, Shard(d)] for d in (0, 1)]
+    rows.append([Shard(2), Shard(2), R, R])
+    rows += [[Partial(o), Partial(o), R, R] for o in ("sum", "avg") if o in partial_ops([q.dtype])]
+    return rows
+
+
+def fused_mla_q_rope_cost(op: OpOverload, args: tuple, kwargs: dict) -> OpCost:
+    """Rotates the rope part of every head in place (6 flops a pair): reads and writes only that
+    part of q, plus a cos/sin pair per rope pair and a position per token."""
+    q = args[0]
+    B, L, H = q.shape[:3]
+    rope = q.shape[-1] - args[3]
+    moved = B * L * H * rope * q.element_size()
+    return OpCost(3 * B * L * H * rope, moved + B * L * (rope * 4 + 8), moved, dtype=torch.float32,
+                  family="pointwise")
+
+
+def helion_rope_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
+    """Tokens shard (both pairs with positions); otherwise (xq, xq_out) and (xk, xk_out) independent."""
+    xq, xk = metas(args)[:2]
+    rows: list[Row] = [[Shard(d)] * 4 + [R, Shard(d)] for d in (0, 1)]
+
+    def choices(t: Any) -> list[Placement]:
+        return [R, Shard(2), *(Partial(o) for o in ("sum", "avg") if o in partial_ops([t.dtype]))]
+
+    rows += [[a, b, a, b, R, R] for a in choices(xq) for b in choices(xk) if not (a == R and b == R)]
+    return rows
+
+
+def helion_rope_cost(op: OpOverload, args: tuple, kwargs: dict) -> OpCost:
+    """Rotates every element of xq and xk once (3 flops an element: a pair is 6), gathering a cache
+    row per token; reads and writes xq and xk."""
+    xq, xk, cache = args[:3]
+    B, L = xq.shape[:2]
+    row = cache.nbytes // max(cache.shape[0], 1)
+    return OpCost(3 * (xq.numel() + xk.numel()), xq.nbytes + xk.nbytes + B * L * (row + 8),
+                  xq.nbytes + xk.nbytes, dtype=torch.float32, family="pointwise")
+
+
 def fused_mla_k_rope_cost(op: OpOverload, args: tuple, kwargs: dict) -> OpCost:
     """Copies kv's nope part, rotates k_pe once per token (6 flops a pair), writes k (every head)."""
     kv, k_pe = args[:2]
@@ -248,6 +321,10 @@ class _Spec:
     def op(self) -> OpOverload:
         return getattr(torch.ops.torchtitan, self.name).default
 
+    def defined(self) -> bool:
+        """Whether the op exists (helion_rope's are defined only where helion is installed)."""
+        return hasattr(torch.ops.torchtitan, self.name)
+
     def register(self) -> OpOverload:
         """Register the rule (idempotent); the op must be defined."""
         from dtensor_rules import registry
@@ -260,6 +337,9 @@ class _Spec:
     def define(self) -> OpOverload:
         """Import torchtitan's module (defines the op) and register the rule: what `validate --op` needs."""
         importlib.import_module(self.module)
+        if not self.defined():
+            raise RuntimeError(f"importing {self.module} did not define torchtitan::{self.name}: it is defined only "
+                               "where helion is installed (pip install 'dtensor_rules[torchtitan]' installs it)")
         return self.register()
 
 
@@ -270,8 +350,12 @@ TORCHTITAN_OPS = (
     _Spec("silu_and_mul_backward", FUSED_SWIGLU, silu_and_mul_backward_strategy, silu_and_mul_backward_cost,
           "silu_and_mul_backward_samples"),
     _Spec("fused_mla_k_rope", FUSED_MLA, fused_mla_k_rope_strategy, fused_mla_k_rope_cost, "fused_mla_k_rope_samples"),
+    _Spec("fused_mla_q_rope_", FUSED_MLA, fused_mla_q_rope_strategy, fused_mla_q_rope_cost,
+          "fused_mla_q_rope_samples"),
     _Spec("fused_mla_kv_backward", FUSED_MLA, fused_mla_kv_backward_strategy, fused_mla_kv_backward_cost,
           "fused_mla_kv_backward_samples"),
+    *(_Spec(f"helion_{kind}_rope_{d}", HELION_ROPE, helion_rope_strategy, helion_rope_cost, f"helion_{kind}_rope_samples")
+      for kind in ("cossin", "complex") for d in ("fwd", "bwd")),
 )
 
 
@@ -279,7 +363,7 @@ def _on_imported(module_name: str) -> Callable[[Any], None]:
     def run(_module: Any) -> None:
         from dtensor_rules import registry
 
-        ops = [s.register() for s in TORCHTITAN_OPS if s.module == module_name]
+        ops = [s.register() for s in TORCHTITAN_OPS if s.module == module_name and s.defined()]
         if registry.active_ops():  # our rules are installed: these too
             registry.install(ops=ops)
 
@@ -316,7 +400,7 @@ def _announce() -> None:
         + ": when torchtitan defines its custom ops there, their DTensor rules are registered (and installed if "
         "ours are); nothing of torchtitan is imported by the package",
         reason="torchtitan's custom ops (deterministic_scatter_add in its MoE combine, silu_and_mul, the fused MLA "
-        "rope ops) have no "
+        "rope ops, the helion rope ops) have no "
         "sharding strategy, so its MoE written on DTensors stops at them",
         waits_for=", ".join(sorted({s.module for s in TORCHTITAN_OPS})),
         pending=_pending,

@@ -5,6 +5,8 @@ them)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from dtensor_rules.testing.suites import Samples, generator
@@ -67,3 +69,35 @@ def fused_mla_kv_backward_samples() -> Samples:
         cache, pos = _rope_inputs(g, B, L, rope)
         out.append(((_r(g, B, L, H, nope + rope, dtype=dtype), _r(g, B, L, H, V, dtype=dtype), cache, pos, nope, rope), {}))
     return out
+
+
+def fused_mla_q_rope_samples() -> Samples:
+    """q (B, L, H, nope + rope), rotated forward (fp32) and back (bf16, the backward's use)."""
+    g = generator(65)
+    out = []
+    for B, L, H, nope, rope, dtype, inverse in ((3, 5, 4, 4, 4, torch.float32, False),
+                                                (2, 3, 3, 2, 6, torch.bfloat16, True)):
+        cache, pos = _rope_inputs(g, B, L, rope)
+        out.append(((_r(g, B, L, H, nope + rope, dtype=dtype), cache, pos, nope, inverse), {}))
+    return out
+
+
+def _helion_samples(seed: int, cache_of: Callable[[torch.Tensor], torch.Tensor]) -> Samples:
+    """(xq, xk, cache, positions): more q heads than k heads (GQA), fp32 and bf16, odd sizes."""
+    g = generator(seed)
+    out = []
+    for B, L, H, Hk, D, dtype in ((3, 5, 4, 2, 8, torch.float32), (2, 3, 3, 1, 4, torch.bfloat16)):
+        angles = torch.rand(9, D // 2, generator=g) * 6.3
+        pos = torch.randint(0, 9, (B, L), generator=g)
+        out.append(((_r(g, B, L, H, D, dtype=dtype), _r(g, B, L, Hk, D, dtype=dtype), cache_of(angles), pos), {}))
+    return out
+
+
+def helion_cossin_rope_samples() -> Samples:
+    """The cossin cache: (M, 2D), cos then sin, each half repeated (rotate-half's layout)."""
+    return _helion_samples(66, lambda a: torch.cat([a.cos(), a.cos(), a.sin(), a.sin()], dim=-1))
+
+
+def helion_complex_rope_samples() -> Samples:
+    """The complex cache: view_as_real of (M, D/2) unit complex numbers, (M, D/2, 2)."""
+    return _helion_samples(67, lambda a: torch.stack([a.cos(), a.sin()], dim=-1))
