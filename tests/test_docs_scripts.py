@@ -29,8 +29,10 @@ def script_blocks() -> list[tuple[Path, str, str]]:
     return [(p, m.group(1), b) for p in DOCS for b in BLOCK.findall(p.read_text()) if (m := SCRIPT.match(b))]
 
 
-def test_the_compile_recipe_is_a_script() -> None:
-    assert [(p.name, name) for p, name, _ in script_blocks()] == [("compile.md", "compile_moe.py")]
+def test_the_compile_recipes_are_scripts() -> None:
+    """Both runnable recipes of docs/compile.md (the gather-path block, compiled expert parallelism)
+    are found, so test_script_blocks_run runs them as a user would."""
+    assert [(p.name, name) for p, name, _ in script_blocks()] == [("compile.md", "compile_moe.py"), ("compile.md", "compile_ep.py")]
 
 
 @pytest.mark.parametrize("path,name,code", script_blocks(), ids=[name for _, name, _ in script_blocks()])
