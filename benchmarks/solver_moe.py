@@ -11,8 +11,12 @@ compare; "ours-full" is our rules with the solver-mode trim off (the full enumer
 ``dtensor_rules.core.solver_rows``), what solvers got before issue 19 item 6. Printed per mesh: ILP variables and constraints, CBC solve time, query+pricing time,
 objective (us per step, modelled), and the chosen expert placement; then every parameter's
 layout, run on the small block in fp32 on a simulated mesh of that shape (at most 8 ranks) and
-compared with one device. No expert-parallel (ragged) placement exists yet, so experts can only be TP/FSDP-style
-sharded or replicated here.
+compared with one device. "ours+EP" adds the expert-parallel rows (``solver/ragged_rows.py``: tokens
+``RaggedShard`` between permute and combine, experts ``Shard(0)``; ragged sizes priced as an even split,
+i.e. expected-uniform routing), so the ILP may choose expert parallelism; "hand EP" prices
+``expert_parallel``'s fixed layout with the same model (parameters fixed, the permute/dispatch/grouped-matmul/
+combine nodes held to their EP rows, the rest placed by the ILP; no memory cap). "applied" runs the parameter
+layouts through plain DTensor dispatch (``apply_choice``), not through the ragged code.
 
     python benchmarks/solver_moe.py                  # DeepSeek-V2-Lite-like layer, meshes (8,), (2,4), (4,8)
     python benchmarks/solver_moe.py --quick          # the small test config, meshes (8,) and (2,4)
@@ -44,8 +48,24 @@ LITE_TOKENS = 16384
 SMALL = MoEConfig(dim=16, hidden=32, n_experts=8, top_k=2, gmm_dtype=torch.bfloat16)
 SMALL_TOKENS = 64
 MESHES = ((8,), (2, 4), (4, 8))
-# ours: solver-mode rows as shipped; ours-full: every row (core.solver_rows.full_enumeration); upstream: torch's rules
-RULES = ("ours", "ours-full", "upstream")
+# ours: solver-mode rows as shipped; ours+EP: plus the expert-parallel (RaggedShard) rows of solver/ragged_rows.py;
+# hand EP: expert_parallel's fixed layout (experts Shard(0) on mesh dim 0, TP on dim 1) priced by the same model;
+# ours-full: every row (core.solver_rows.full_enumeration); upstream: torch's rules
+RULES = ("ours", "ours+EP", "hand EP", "ours-full", "upstream")
+
+
+def hand_ep_layout(ndim: int) -> dict:
+    """``expert_parallel`` / ``shard_moe``'s layout: experts ``Shard(0)`` on ep (mesh dim 0), TP on dim 1."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    R = Replicate()
+    if ndim == 1:
+        return {"w1": (Shard(0),), "w3": (Shard(0),), "w2": (Shard(0),), "gate": (R,),
+                "shared_w1": (R,), "shared_w3": (R,), "shared_w2": (R,)}
+    rest = (R,) * (ndim - 2)
+    return {"w1": (Shard(0), Shard(2), *rest), "w3": (Shard(0), Shard(2), *rest), "w2": (Shard(0), Shard(1), *rest),
+            "gate": (R, R, *rest), "shared_w1": (R, Shard(0), *rest), "shared_w3": (R, Shard(0), *rest),
+            "shared_w2": (R, Shard(1), *rest)}
 
 
 class Row(NamedTuple):
@@ -82,7 +102,9 @@ def run(config: MoEConfig, tokens: int, meshes: tuple, cap_fraction: float | Non
                 (dtensor_rules.uninstall if rules == "upstream" else dtensor_rules.install)()
                 try:
                     with full_enumeration(rules == "ours-full"):
-                        c = choose_placements(model, x, mesh, memory_cap=cap, joint=jg)
+                        c = choose_placements(model, x, mesh, memory_cap=None if rules == "hand EP" else cap, joint=jg,
+                                              ragged=rules == "ours+EP",
+                                              hand_ep=hand_ep_layout(len(shape)) if rules == "hand EP" else None)
                 finally:
                     dtensor_rules.install()
                 experts = "/".join(_pl(c.params[w]) for w in ("w1", "w3", "w2"))

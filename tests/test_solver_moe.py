@@ -10,9 +10,10 @@ import pytest
 import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import dtensor_rules
+from dtensor_rules._upstream import per_rank_copies
 from dtensor_rules.models.moe import MoE, MoEConfig
 from dtensor_rules.solver import apply_choice, build_problem, choose_placements, query_graph, solve, trace_joint
 from dtensor_rules.solver.price import Pricer
@@ -145,9 +146,9 @@ def test_benchmark_prints_the_table_and_runs_each_choice() -> None:
                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = [line for line in run.stdout.splitlines() if line.startswith("| (4,)")]
-    assert [r.split("|")[2].strip() for r in rows] == ["ours", "ours-full", "upstream"]
+    assert [r.split("|")[2].strip() for r in rows] == ["ours", "ours+EP", "hand EP", "ours-full", "upstream"]
     applied = [line for line in run.stdout.splitlines() if line.startswith("(4,) ")]
-    assert len(applied) == 3 and all("applied: " in a and "not run" not in a for a in applied)
+    assert len(applied) == 5 and all("applied: " in a and "not run" not in a for a in applied)
     # each choice, run on the simulated mesh, equals one device to fp32 rounding
     assert all(float(a.rsplit("applied: ", 1)[1]) < 1e-5 for a in applied)
 
@@ -216,3 +217,31 @@ def test_hand_ep_is_priced_with_its_dispatch_and_the_free_choice_is_no_dearer(ep
              for e in p.edges}
     assert ((ru,), (ra,)) in moves and ((ra,), (ru,)) in moves  # dispatch and combine, both priced
     assert free.objective_us <= fixed.objective_us * (1 + 1e-9)
+
+
+def test_the_expert_parallel_choice_runs_on_the_ragged_path_and_equals_one_device(ep_joint) -> None:
+    """The EP choice's parameter layouts, applied with the ragged region (permute, dispatch, grouped
+    matmuls on aligned rows, combine): output and every gradient equal one device (fp32), and the
+    expert gradients stay Shard(0)."""
+    model, x, jg = ep_joint
+    replicated = _param_bytes(model, {n: (Replicate(),) for n, _ in model.named_parameters()}, (4,))
+    with fake_world(4):
+        ep = choose_placements(model, x, init_device_mesh("cpu", (4,)), joint=jg, memory_cap=0.3 * replicated,
+                               ragged=True)
+    config = MoEConfig(dim=16, hidden=32, n_experts=EP_TRACE.n_experts, top_k=2)  # same experts, small widths
+    one = MoE(config)
+    xs = torch.randn(TOKENS, config.dim, generator=torch.Generator().manual_seed(7))
+    cot = torch.randn(TOKENS, config.dim, generator=torch.Generator().manual_seed(8))
+    ref = one(xs)
+    want = torch.autograd.grad(ref, list(one.parameters()), cot)
+    with simulated_mesh((4,)) as sim:
+        module = MoE(config)
+        out = apply_choice(module, sim, ep.params, xs, ep.input_layout, ragged=True)
+        grads = torch.autograd.grad(out, list(module.parameters()),
+                                    distribute_tensor(per_rank_copies(cot), sim, out.placements))
+        for (name, _), g in zip(module.named_parameters(), grads):
+            if name in ("w1", "w3", "w2"):
+                assert g.placements == (Shard(0),), (name, g.placements)
+        got = [out.full_tensor(), *(g.full_tensor() for g in grads)]
+    for g, w in zip(got, [ref, *want]):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
