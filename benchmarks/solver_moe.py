@@ -16,7 +16,8 @@ compared with one device. "ours+EP" adds the expert-parallel rows (``solver/ragg
 i.e. expected-uniform routing), so the ILP may choose expert parallelism; "hand EP" prices
 ``expert_parallel``'s fixed layout with the same model (parameters fixed, the permute/dispatch/grouped-matmul/
 combine nodes held to their EP rows, the rest placed by the ILP; no memory cap). "applied" runs the parameter
-layouts through plain DTensor dispatch (``apply_choice``), not through the ragged code.
+layouts (``apply_choice``); an EP row (experts ``Shard(0)`` on mesh dim 0) runs on the ragged path
+(``shard_moe(ragged=True)``'s region: dispatch / combine, no all-gather), the others through plain DTensor dispatch.
 
     python benchmarks/solver_moe.py                  # DeepSeek-V2-Lite-like layer, meshes (8,), (2,4), (4,8)
     python benchmarks/solver_moe.py --quick          # the small test config, meshes (8,) and (2,4)
@@ -34,6 +35,7 @@ from typing import NamedTuple
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard
 
 import dtensor_rules
 from dtensor_rules.core.solver_rows import full_enumeration
@@ -109,23 +111,26 @@ def run(config: MoEConfig, tokens: int, meshes: tuple, cap_fraction: float | Non
                     dtensor_rules.install()
                 experts = "/".join(_pl(c.params[w]) for w in ("w1", "w3", "w2"))
                 rows.append(Row(str(shape), rules, c.variables, c.constraints, c.solve_s, c.query_s, c.objective_us,
-                                experts, {k: _pl(v) for k, v in c.params.items()}, _apply(shape, c.params, c.input_layout)))
+                                experts, {k: _pl(v) for k, v in c.params.items()},
+                                _apply(shape, c.params, c.input_layout, ragged=rules in ("ours+EP", "hand EP")
+                                       and all(c.params[w][0] == Shard(0) for w in ("w1", "w3", "w2")))))
                 print(f"solver_moe: mesh {shape} {rules}: {c.variables} variables, solved in {c.solve_s:.1f} s"
                       + (f", {len(c.fallbacks)} node(s) without a rule" if c.fallbacks else ""), file=sys.stderr)
     return rows
 
 
-def _apply(shape: tuple, params: dict, input_layout: tuple) -> str:
+def _apply(shape: tuple, params: dict, input_layout: tuple, ragged: bool = False) -> str:
     """Run the small block in fp32 with these parameter layouts on a simulated mesh of ``shape``
-    (every rank in this process, real data) and compare with one device."""
+    (every rank in this process, real data) and compare with one device; ``ragged``: an
+    expert-parallel choice, run on the ragged path (dispatch/combine, no all-gather of experts)."""
     if math.prod(shape) > MAX_WORLD:
         return f"not run (simulating {math.prod(shape)} ranks; at most {MAX_WORLD})"
     config = dataclasses.replace(SMALL, gmm_dtype=None)
     x = torch.randn(SMALL_TOKENS, config.dim, generator=torch.Generator().manual_seed(0))
     ref = MoE(config)(x)
     with simulated_mesh(shape) as mesh:
-        out = apply_choice(MoE(config), mesh, params, x, input_layout).full_tensor()
-    return f"{(out - ref).abs().max().item():.1e}"
+        out = apply_choice(MoE(config), mesh, params, x, input_layout, ragged=ragged).full_tensor()
+    return f"{(out - ref).abs().max().item():.1e}" + (" (ragged path)" if ragged else "")
 
 
 def _meta_module(config: MoEConfig) -> MoE:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from dtensor_rules.models.moe import MoE, distribute_params
 from dtensor_rules.solver.query import Layout
@@ -24,7 +24,8 @@ def apply_choice(module: MoE, mesh: DeviceMesh, params: dict[str, Layout], x: to
 
     ``ragged``: run the routed experts on the ragged path (``shard_moe(ragged=True)``'s region:
     permute, dispatch, grouped matmuls on aligned rows, combine), as an expert-parallel choice
-    (experts ``Shard(0)`` on mesh dim 0) means; without it DTensor's plain rules run the block."""
+    (experts ``Shard(0)`` on mesh dim 0) means, with the tokens ``Shard(0)`` on ep and replicated
+    on the other mesh dims (what the permute takes); without it DTensor's plain rules run the block."""
     from dtensor_rules._upstream import per_rank_copies
 
     if ragged:
@@ -34,5 +35,7 @@ def apply_choice(module: MoE, mesh: DeviceMesh, params: dict[str, Layout], x: to
         from dtensor_rules.models.ragged_moe import ragged_routed_experts
 
         module.routed_region = ragged_routed_experts
+        # the permute takes tokens split over ep only (Replicate on the other mesh dims)
+        input_layout = (Shard(0),) + (Replicate(),) * (mesh.ndim - 1)
     distribute_params(module, mesh, dict(params), (Replicate(),) * mesh.ndim)
     return module(distribute_tensor(per_rank_copies(x), mesh, input_layout))
