@@ -221,8 +221,8 @@ def test_hand_ep_is_priced_with_its_dispatch_and_the_free_choice_is_no_dearer(ep
 
 def test_the_expert_parallel_choice_runs_on_the_ragged_path_and_equals_one_device(ep_joint) -> None:
     """The EP choice's parameter layouts, applied with the ragged region (permute, dispatch, grouped
-    matmuls on aligned rows, combine): output and every gradient equal one device (fp32), and the
-    expert gradients stay Shard(0)."""
+    matmuls on aligned rows, combine): output and every gradient equal one device (fp32), and
+    the expert gradients stay Shard(0) (the plain path gives them Replicate)."""
     model, x, jg = ep_joint
     replicated = _param_bytes(model, {n: (Replicate(),) for n, _ in model.named_parameters()}, (4,))
     with fake_world(4):
