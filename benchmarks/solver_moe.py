@@ -11,8 +11,13 @@ compare; "ours-full" is our rules with the solver-mode trim off (the full enumer
 ``dtensor_rules.core.solver_rows``), what solvers got before issue 19 item 6. Printed per mesh: ILP variables and constraints, CBC solve time, query+pricing time,
 objective (us per step, modelled), and the chosen expert placement; then every parameter's
 layout, run on the small block in fp32 on a simulated mesh of that shape (at most 8 ranks) and
-compared with one device. No expert-parallel (ragged) placement exists yet, so experts can only be TP/FSDP-style
-sharded or replicated here.
+compared with one device. "ours+EP" adds the expert-parallel rows (``solver/ragged_rows.py``: tokens
+``RaggedShard`` between permute and combine, experts ``Shard(0)``; ragged sizes priced as an even split,
+i.e. expected-uniform routing), so the ILP may choose expert parallelism; "hand EP" prices
+``expert_parallel``'s fixed layout with the same model (parameters fixed, the permute/dispatch/grouped-matmul/
+combine nodes held to their EP rows, the rest placed by the ILP; no memory cap). "applied" runs the parameter
+layouts (``apply_choice``); an EP row (experts ``Shard(0)`` on mesh dim 0) runs on the ragged path
+(``shard_moe(ragged=True)``'s region: dispatch / combine, no all-gather), the others through plain DTensor dispatch.
 
     python benchmarks/solver_moe.py                  # DeepSeek-V2-Lite-like layer, meshes (8,), (2,4), (4,8)
     python benchmarks/solver_moe.py --quick          # the small test config, meshes (8,) and (2,4)
@@ -30,6 +35,7 @@ from typing import NamedTuple
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard
 
 import dtensor_rules
 from dtensor_rules.core.solver_rows import full_enumeration
@@ -44,8 +50,24 @@ LITE_TOKENS = 16384
 SMALL = MoEConfig(dim=16, hidden=32, n_experts=8, top_k=2, gmm_dtype=torch.bfloat16)
 SMALL_TOKENS = 64
 MESHES = ((8,), (2, 4), (4, 8))
-# ours: solver-mode rows as shipped; ours-full: every row (core.solver_rows.full_enumeration); upstream: torch's rules
-RULES = ("ours", "ours-full", "upstream")
+# ours: solver-mode rows as shipped; ours+EP: plus the expert-parallel (RaggedShard) rows of solver/ragged_rows.py;
+# hand EP: expert_parallel's fixed layout (experts Shard(0) on mesh dim 0, TP on dim 1) priced by the same model;
+# ours-full: every row (core.solver_rows.full_enumeration); upstream: torch's rules
+RULES = ("ours", "ours+EP", "hand EP", "ours-full", "upstream")
+
+
+def hand_ep_layout(ndim: int) -> dict:
+    """``expert_parallel`` / ``shard_moe``'s layout: experts ``Shard(0)`` on ep (mesh dim 0), TP on dim 1."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    R = Replicate()
+    if ndim == 1:
+        return {"w1": (Shard(0),), "w3": (Shard(0),), "w2": (Shard(0),), "gate": (R,),
+                "shared_w1": (R,), "shared_w3": (R,), "shared_w2": (R,)}
+    rest = (R,) * (ndim - 2)
+    return {"w1": (Shard(0), Shard(2), *rest), "w3": (Shard(0), Shard(2), *rest), "w2": (Shard(0), Shard(1), *rest),
+            "gate": (R, R, *rest), "shared_w1": (R, Shard(0), *rest), "shared_w3": (R, Shard(0), *rest),
+            "shared_w2": (R, Shard(1), *rest)}
 
 
 class Row(NamedTuple):
@@ -82,28 +104,33 @@ def run(config: MoEConfig, tokens: int, meshes: tuple, cap_fraction: float | Non
                 (dtensor_rules.uninstall if rules == "upstream" else dtensor_rules.install)()
                 try:
                     with full_enumeration(rules == "ours-full"):
-                        c = choose_placements(model, x, mesh, memory_cap=cap, joint=jg)
+                        c = choose_placements(model, x, mesh, memory_cap=None if rules == "hand EP" else cap, joint=jg,
+                                              ragged=rules == "ours+EP",
+                                              hand_ep=hand_ep_layout(len(shape)) if rules == "hand EP" else None)
                 finally:
                     dtensor_rules.install()
                 experts = "/".join(_pl(c.params[w]) for w in ("w1", "w3", "w2"))
                 rows.append(Row(str(shape), rules, c.variables, c.constraints, c.solve_s, c.query_s, c.objective_us,
-                                experts, {k: _pl(v) for k, v in c.params.items()}, _apply(shape, c.params, c.input_layout)))
+                                experts, {k: _pl(v) for k, v in c.params.items()},
+                                _apply(shape, c.params, c.input_layout, ragged=rules in ("ours+EP", "hand EP")
+                                       and all(c.params[w][0] == Shard(0) for w in ("w1", "w3", "w2")))))
                 print(f"solver_moe: mesh {shape} {rules}: {c.variables} variables, solved in {c.solve_s:.1f} s"
                       + (f", {len(c.fallbacks)} node(s) without a rule" if c.fallbacks else ""), file=sys.stderr)
     return rows
 
 
-def _apply(shape: tuple, params: dict, input_layout: tuple) -> str:
+def _apply(shape: tuple, params: dict, input_layout: tuple, ragged: bool = False) -> str:
     """Run the small block in fp32 with these parameter layouts on a simulated mesh of ``shape``
-    (every rank in this process, real data) and compare with one device."""
+    (every rank in this process, real data) and compare with one device; ``ragged``: an
+    expert-parallel choice, run on the ragged path (dispatch/combine, no all-gather of experts)."""
     if math.prod(shape) > MAX_WORLD:
         return f"not run (simulating {math.prod(shape)} ranks; at most {MAX_WORLD})"
     config = dataclasses.replace(SMALL, gmm_dtype=None)
     x = torch.randn(SMALL_TOKENS, config.dim, generator=torch.Generator().manual_seed(0))
     ref = MoE(config)(x)
     with simulated_mesh(shape) as mesh:
-        out = apply_choice(MoE(config), mesh, params, x, input_layout).full_tensor()
-    return f"{(out - ref).abs().max().item():.1e}"
+        out = apply_choice(MoE(config), mesh, params, x, input_layout, ragged=ragged).full_tensor()
+    return f"{(out - ref).abs().max().item():.1e}" + (" (ragged path)" if ragged else "")
 
 
 def _meta_module(config: MoEConfig) -> MoE:

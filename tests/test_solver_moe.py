@@ -10,9 +10,10 @@ import pytest
 import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import dtensor_rules
+from dtensor_rules._upstream import per_rank_copies
 from dtensor_rules.models.moe import MoE, MoEConfig
 from dtensor_rules.solver import apply_choice, build_problem, choose_placements, query_graph, solve, trace_joint
 from dtensor_rules.solver.price import Pricer
@@ -145,8 +146,102 @@ def test_benchmark_prints_the_table_and_runs_each_choice() -> None:
                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = [line for line in run.stdout.splitlines() if line.startswith("| (4,)")]
-    assert [r.split("|")[2].strip() for r in rows] == ["ours", "ours-full", "upstream"]
+    assert [r.split("|")[2].strip() for r in rows] == ["ours", "ours+EP", "hand EP", "ours-full", "upstream"]
     applied = [line for line in run.stdout.splitlines() if line.startswith("(4,) ")]
-    assert len(applied) == 3 and all("applied: " in a and "not run" not in a for a in applied)
+    assert len(applied) == 5 and all("applied: " in a and "not run" not in a for a in applied)
     # each choice, run on the simulated mesh, equals one device to fp32 rounding
-    assert all(float(a.rsplit("applied: ", 1)[1]) < 1e-5 for a in applied)
+    assert all(float(a.rsplit("applied: ", 1)[1].split()[0]) < 1e-5 for a in applied)
+
+
+# Expert parallelism in the space (solver/ragged_rows.py). Tokens and widths big enough that moves are
+# priced by bandwidth rather than latency (the 32-token block above is latency-bound: TP wins there).
+EP_TRACE = MoEConfig(dim=256, hidden=512, n_experts=8, top_k=2, gmm_dtype=torch.bfloat16)
+EP_TOKENS = 4096
+
+
+@pytest.fixture(scope="module")
+def ep_joint():
+    with torch.device("meta"):
+        model = _MetaMoE(EP_TRACE)
+    x = torch.empty(EP_TOKENS, EP_TRACE.dim, device="meta")
+    return model, x, trace_joint(model, x)
+
+
+class _MetaMoE(MoE):
+    def init_weights(self, seed: int) -> None:  # meta parameters hold no values
+        pass
+
+
+def _chosen_out(choice, node: str):
+    return choice.problem.choices[node].rows[choice.solution.choice[node]].outs[0]
+
+
+def test_ragged_rows_let_the_ilp_choose_expert_parallel_under_a_memory_cap(ep_joint) -> None:
+    from dtensor_rules.ragged import RaggedShard
+    from dtensor_rules.solver import total_cost
+
+    model, x, jg = ep_joint
+    replicated = _param_bytes(model, {n: (Replicate(),) for n, _ in model.named_parameters()}, (4,))
+    cap = 0.3 * replicated  # replicated experts (most of the bytes) cannot fit
+    with fake_world(4):
+        mesh = init_device_mesh("cpu", (4,))
+        plain = choose_placements(model, x, mesh, joint=jg, memory_cap=cap)
+        ep = choose_placements(model, x, mesh, joint=jg, memory_cap=cap, ragged=True)
+    assert ep.fallbacks == ()
+    assert _param_bytes(model, ep.params, (4,)) <= cap
+    assert [ep.params[w] for w in ("w1", "w3", "w2")] == [(Shard(0),)] * 3  # experts split over ranks
+    assert all(not isinstance(p, Shard) or p.dim != 0 for w in ("w1", "w3", "w2") for p in plain.params[w])
+    grouped = [n for n in ep.problem.choices if n.startswith("_grouped_mm")]
+    weight_grads = [n for n in grouped if type(_chosen_out(ep, n)[0]) is Shard]
+    rows = [n for n in grouped if n not in weight_grads]
+    assert len(weight_grads) == 3 and len(rows) == 4  # 3 forward + 1 grad-input grouped matmul run on token rows
+    assert all(_chosen_out(ep, n) == (RaggedShard(0, 8, True),) for n in rows)  # aligned: each rank its experts' rows
+    assert all(_chosen_out(ep, n) == (Shard(0),) for n in weight_grads)
+    assert ep.objective_us < plain.objective_us  # a larger space, and EP is cheaper here
+    assert total_cost(ep.problem, ep.solution.choice) == pytest.approx(ep.objective_us, rel=1e-6)
+
+
+def test_hand_ep_is_priced_with_its_dispatch_and_the_free_choice_is_no_dearer(ep_joint) -> None:
+    from dtensor_rules.ragged import RaggedShard
+
+    model, x, jg = ep_joint
+    hand = {"w1": (Shard(0),), "w3": (Shard(0),), "w2": (Shard(0),), "gate": (Replicate(),)}
+    with fake_world(4):
+        mesh = init_device_mesh("cpu", (4,))
+        fixed = choose_placements(model, x, mesh, joint=jg, hand_ep=hand)
+        free = choose_placements(model, x, mesh, joint=jg, ragged=True)
+    assert all(fixed.params[k] == v for k, v in hand.items())
+    p, s = fixed.problem, fixed.solution
+    ru, ra = RaggedShard(0, 8, False), RaggedShard(0, 8, True)
+    moves = {(e.layouts[e.producer_u[s.choice[e.producer]]], p.choices[e.consumer].rows[s.choice[e.consumer]].ins[e.arg])
+             for e in p.edges}
+    assert ((ru,), (ra,)) in moves and ((ra,), (ru,)) in moves  # dispatch and combine, both priced
+    assert free.objective_us <= fixed.objective_us * (1 + 1e-9)
+
+
+def test_the_expert_parallel_choice_runs_on_the_ragged_path_and_equals_one_device(ep_joint) -> None:
+    """The EP choice's parameter layouts, applied with the ragged region (permute, dispatch, grouped
+    matmuls on aligned rows, combine): output and every gradient equal one device (fp32), and
+    the expert gradients stay Shard(0) (the plain path gives them Replicate)."""
+    model, x, jg = ep_joint
+    replicated = _param_bytes(model, {n: (Replicate(),) for n, _ in model.named_parameters()}, (4,))
+    with fake_world(4):
+        ep = choose_placements(model, x, init_device_mesh("cpu", (4,)), joint=jg, memory_cap=0.3 * replicated,
+                               ragged=True)
+    config = MoEConfig(dim=16, hidden=32, n_experts=EP_TRACE.n_experts, top_k=2)  # same experts, small widths
+    one = MoE(config)
+    xs = torch.randn(TOKENS, config.dim, generator=torch.Generator().manual_seed(7))
+    cot = torch.randn(TOKENS, config.dim, generator=torch.Generator().manual_seed(8))
+    ref = one(xs)
+    want = torch.autograd.grad(ref, list(one.parameters()), cot)
+    with simulated_mesh((4,)) as sim:
+        module = MoE(config)
+        out = apply_choice(module, sim, ep.params, xs, ep.input_layout, ragged=True)
+        grads = torch.autograd.grad(out, list(module.parameters()),
+                                    distribute_tensor(per_rank_copies(cot), sim, out.placements))
+        for (name, _), g in zip(module.named_parameters(), grads):
+            if name in ("w1", "w3", "w2"):
+                assert g.placements == (Shard(0),), (name, g.placements)
+        got = [out.full_tensor(), *(g.full_tensor() for g in grads)]
+    for g, w in zip(got, [ref, *want]):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)

@@ -15,21 +15,32 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.distributed.tensor.placement_types import Shard
 from torch.distributed.device_mesh import DeviceMesh
 from torch.utils import _pytree as pytree
 
 from dtensor_rules._upstream import DTensorSpec, TensorMeta, compute_local_shape_and_global_offset, redistribute_cost
 from dtensor_rules.costs import OpCost, estimate_call, runtime
+from dtensor_rules.ragged.placement import is_ragged
 from dtensor_rules.redistribute import plan
+from dtensor_rules.redistribute.ragged_steps import has_ragged, ragged_plan
+from dtensor_rules.redistribute.topology import Topology
 from dtensor_rules.solver.query import Layout, Row
 
 __all__ = ["Pricer", "local_bytes"]
 
 INF = math.inf
+# the dispatch's one device-to-host sync (the counts, for the token all-to-all's sizes) and the stall it
+# causes: an assumed order of magnitude, not a measurement; pass Pricer(sync_us=...) measured on the target
+SYNC_US = 20.0
 
 
 def local_shape(meta: TensorMeta, mesh: DeviceMesh, layout: Layout) -> tuple[int, ...]:
-    """Rank 0's local shape: the largest shard of ``meta`` laid out as ``layout``."""
+    """Rank 0's local shape: the largest shard of ``meta`` laid out as ``layout``.
+
+    A ``RaggedShard`` dim is read as an even ``Shard`` of it (expected-uniform routing: no
+    routing is known on fake tensors; upstream's local-shape function refuses an unaligned one)."""
+    layout = tuple(Shard(p.dim) if is_ragged(p) else p for p in layout)
     shape, _ = compute_local_shape_and_global_offset(meta.shape, tuple(mesh.shape), [0] * mesh.ndim, layout)
     return tuple(shape)
 
@@ -42,9 +53,10 @@ def local_bytes(meta: TensorMeta, mesh: DeviceMesh, layout: Layout) -> int:
 class Pricer:
     """Memoized compute and edge prices on one mesh and hardware profile."""
 
-    def __init__(self, mesh: DeviceMesh, hardware: str = "h100") -> None:
+    def __init__(self, mesh: DeviceMesh, hardware: str = "h100", sync_us: float = SYNC_US) -> None:
         self.mesh = mesh
         self.hardware = hardware
+        self.sync_us = sync_us
         self._edge: dict[tuple, float] = {}
         self._compute: dict[tuple, float] = {}
 
@@ -59,6 +71,12 @@ class Pricer:
         return cost
 
     def _edge_uncached(self, meta: TensorMeta, src: Layout, dst: Layout) -> float:
+        if has_ragged(src) or has_ragged(dst):  # dispatch / combine / all_gather_v / select
+            try:
+                return float(ragged_plan(tuple(self.mesh.shape), tuple(meta.shape), meta.dtype, src, dst,
+                                         Topology.uniform(self.mesh.ndim), plan, skew=1.0, sync_us=self.sync_us).cost_us)
+            except Exception:  # noqa: BLE001  e.g. ragged on two mesh dims, or other mesh dims changed by a dispatch
+                return INF
         try:
             return float(plan(self.mesh, tuple(meta.shape), meta.dtype, src, dst).cost_us)
         except Exception:  # noqa: BLE001  no plan (e.g. a Partial kind the planner does not move)
