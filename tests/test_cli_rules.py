@@ -45,10 +45,13 @@ def test_status_lists_every_shipped_rule_and_patch_before_inductor_is_imported()
         assert any(line.startswith(name + " ") for line in run.stdout.splitlines()), name
 
 
-# torchtitan's Triton ops: CUDA kernels only, so `validate` cannot run them on a CPU machine;
-# tests/test_torchtitan_ops.py validates them with a CPU reference kernel
+# torchtitan's Triton and helion ops: CUDA kernels only, so `validate` cannot run them on a CPU
+# machine; tests/test_torchtitan_ops.py checks them with CPU reference kernels (helion's: its own
+# kernels in helion's eager reference mode)
 CUDA_ONLY = {"torchtitan.silu_and_mul.default", "torchtitan.silu_and_mul_backward.default",
-             "torchtitan.fused_mla_k_rope.default", "torchtitan.fused_mla_kv_backward.default"}
+             "torchtitan.fused_mla_k_rope.default", "torchtitan.fused_mla_kv_backward.default",
+             "torchtitan.fused_mla_q_rope_.default",
+             *(f"torchtitan.helion_{k}_rope_{d}.default" for k in ("cossin", "complex") for d in ("fwd", "bwd"))}
 
 
 @pytest.mark.parametrize("name", shipped())
