@@ -29,11 +29,12 @@ from dtensor_rules._upstream import (
     OpSpec,
     OpStrategy,
     ShardingPlaceholder,
-    enabled_local_tensor_mode,
     TupleStrategy,
+    enabled_local_tensor_mode,
     is_tensor_shardable,
     redistribute_cost,
 )
+from dtensor_rules.core.grouped_mm_checks import chunk_sizes  # torch.chunk's local sizes
 
 Row = list[Any]  # one mesh dim: [*output placements, *input placements] (placeholders allowed)
 Key = tuple[Any, ...]
@@ -277,19 +278,13 @@ def collective_shards_fit(shape: Sequence[int], src: Sequence[Key], dst: Sequenc
         if s[0] != "P" or d[0] != "S":
             continue
         dim = d[1]
-        pieces = [shape[dim]]
+        pieces = {shape[dim]}  # the distinct local sizes of d on the ranks
         for k in range(m):  # mesh dims that cut d before m does (DTensor's default shard order)
             if dst[k] == ("S", dim):
-                pieces = [n for p in pieces for n in _chunk_sizes(p, mesh_sizes[k])]
+                pieces = {n for p in pieces for n in chunk_sizes(p, mesh_sizes[k])}
         if len({_chunk_count(n, mesh_sizes[m]) for n in pieces}) > 1:
             return False
     return True
-
-
-def _chunk_sizes(n: int, k: int) -> list[int]:
-    """The k shard sizes of n rows (``torch.chunk``'s split, empty shards filled in)."""
-    c = -(-n // k) if n else 0
-    return [min(c, max(0, n - i * c)) for i in range(k)]
 
 
 def _chunk_count(n: int, k: int) -> int:
