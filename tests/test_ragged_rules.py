@@ -126,9 +126,11 @@ def test_refusals_name_the_fix():
         x = ragged.distribute(rep, mesh, counts, mesh_dim=0)
         w1 = distribute_tensor(full[1], mesh, [Shard(0)])
         offs = distribute_tensor(offs_full, mesh, [Replicate()])
-        # a full-size Replicate operand would be cut in even Shard(0) chunks by upstream's rule
-        with pytest.raises(RaggedPlacementError, match="not local on the ragged mesh dim"):
-            x * rep
+        # a full-size Replicate operand is cut to the ragged layout by the sizes (upstream would cut even chunks)
+        torch.testing.assert_close((x * rep).full_tensor(), full[0] * full[0])
+        bare = DTensor.from_local(x.to_local(), mesh, x.placements, run_check=False, shape=x.shape, stride=x.stride())
+        with pytest.raises(RaggedPlacementError, match="carries no sizes"):
+            bare * rep  # ... but only with them
         # unaligned tokens: the experts' rows are on other ranks
         with pytest.raises(RaggedPlacementError, match="dispatch unaligned tokens first"):
             torch._grouped_mm(x, w1, offs)

@@ -23,19 +23,19 @@ op run as one collective over all simulated ranks under ``LocalTensorMode``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, NamedTuple
 
 import torch
-from torch.distributed.tensor import Shard
+from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor import _api, _dispatch, _redistribute
 import torch.distributed.tensor as dtensor_module
-from torch.distributed._local_tensor import LocalTensor, LocalTensorMode, local_tensor_mode
+from torch.distributed._local_tensor import LocalTensor, LocalTensorMode, local_tensor_mode, maybe_run_for_local_tensor
 from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["Binding", "RaggedPlacementError", "ShardSubclass", "distribute_bindings", "redistribute_bindings",
-           "on_local_tensor_mode", "is_local_tensor", "coordinate_tensor"]
+           "on_local_tensor_mode", "is_local_tensor", "coordinate_tensor", "other_dim_step"]
 
 
 class RaggedPlacementError(RuntimeError):
@@ -128,6 +128,17 @@ def coordinate_tensor(mesh: DeviceMesh, mesh_dim: int) -> torch.Tensor:
     return lm.rank_map(lambda r: torch.tensor(coord[r], dtype=torch.int64))
 
 
+@maybe_run_for_local_tensor
+def _pad_chunk(local: torch.Tensor, coord: torch.Tensor, dim: int, n: int, length: int) -> torch.Tensor:
+    chunk = -(-length // n) if length else 0
+    start = min(int(coord) * chunk, length)
+    shape = list(local.shape)
+    shape[dim] = length
+    out = local.new_zeros(shape)
+    out.narrow(dim, start, local.shape[dim]).copy_(local)
+    return out
+
+
 def _unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     out = []
     for size in reversed(shape):
@@ -136,18 +147,40 @@ def _unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def partial_replicate_step(local: torch.Tensor, mesh: DeviceMesh, mesh_dim: int, current: Any, target: Any) -> torch.Tensor:
-    """One ``Partial -> Replicate`` (all-reduce) or ``Replicate -> Partial`` (local) step on ``mesh_dim``.
+def other_dim_step(local: torch.Tensor, mesh: DeviceMesh, mesh_dim: int, current: Any, target: Any,
+                   global_shape: Sequence[int], placements: Sequence[Any] = ()) -> torch.Tensor:
+    """One move on a mesh dim that is not the ragged one: ``Partial <-> Replicate``, ``Shard(j) <-> Replicate``,
+    ``Partial -> Shard(j)``, ``Shard(j) -> Partial(sum)`` (``ragged.placement.other_dims_move`` says which are safe).
 
     Upstream's own placement methods, called directly: its ``redistribute_local_tensor`` would first
     compute every mesh dim's local shape, which a ragged placement on another mesh dim cannot answer.
+    ``global_shape``: the tensor's global shape; ``placements``: its placements (the earlier mesh dims that
+    shard the step's tensor dim give its logical size here: their even chunk, else refused).
     """
-    if mesh.size(mesh_dim) == 1:  # one rank: the reduction is the value (upstream skips these dims too)
+    if mesh.size(mesh_dim) == 1 or current == target:  # one rank: nothing moves (upstream skips these dims too)
         return local
+    shape = list(global_shape)
+    for k, p in enumerate(placements[:mesh_dim]):
+        if isinstance(p, Shard) and any(isinstance(t, Shard) and t.dim == p.dim for t in (current, target)):
+            if shape[p.dim] % mesh.size(k):
+                raise RaggedPlacementError(f"dim {p.dim} ({shape[p.dim]}) is sharded unevenly by mesh dim {k} and "
+                                           f"again by mesh dim {mesh_dim}; gather it first")
+            shape[p.dim] //= mesh.size(k)
     if current.is_partial() and target.is_replicate():
         return current._reduce_value(local, mesh, mesh_dim)
     if current.is_replicate() and target.is_partial():
         return target._partition_value(local, mesh, mesh_dim)
-    if current == target:
-        return local
-    raise RaggedPlacementError(f"not a Partial/Replicate step: {current} -> {target}")
+    if current.is_partial() and target.is_shard():
+        return current._reduce_shard_value(local, mesh, mesh_dim, target)
+    if current.is_shard() and target.is_partial() and target.reduce_op == "sum":
+        # local: this rank's chunk in place, zeros elsewhere (the pieces sum to the whole, exactly)
+        return _pad_chunk(local, coordinate_tensor(mesh, mesh_dim), current.dim, mesh.size(mesh_dim),
+                          int(shape[current.dim]))
+    if current.is_shard():
+        local = current._to_replicate_tensor(local, mesh, mesh_dim, shape)
+        if target.is_replicate():
+            return local
+        current = Replicate()
+    if current.is_replicate() and target.is_shard():
+        return target._replicate_to_shard(local, mesh, mesh_dim, mesh._sym_get_coordinate(mesh_dim))
+    raise RaggedPlacementError(f"not a move on a non-ragged mesh dim: {current} -> {target}")

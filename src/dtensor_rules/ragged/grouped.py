@@ -27,10 +27,10 @@ import torch
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
 from dtensor_rules._upstream import DTensorSpec, TensorMeta, wrap_result
-from dtensor_rules._upstream.ragged import RaggedPlacementError, coordinate_tensor
+from dtensor_rules._upstream.ragged import RaggedPlacementError, coordinate_tensor, other_dim_step
 from dtensor_rules.core.grouped_mm_checks import aligned_copy
 from dtensor_rules.ragged.context import attach, context_of
-from dtensor_rules.ragged.placement import RaggedShard, is_ragged
+from dtensor_rules.ragged.placement import RaggedShard, is_ragged, other_dims_move
 
 __all__ = ["is_ragged_call", "ragged_grouped_mm"]
 
@@ -67,6 +67,22 @@ def _other_dim(pa: Placement, pb: Placement, a_free: int | None, b_free: int, a_
     if a_free is not None and a_out is not None and isinstance(pa, Shard) and pa.dim == a_free and pb.is_replicate():
         return Shard(a_out)
     return None
+
+
+def _to_replicate(t: DTensor, local: torch.Tensor | None, i: int, m: int) -> torch.Tensor | None:
+    """``t``'s local tensor made ``Replicate`` on mesh dim ``i`` (not the ragged one ``m``), or None if unsafe.
+
+    The FSDP unshard of an expert weight (``Shard(j)`` on a data-parallel mesh dim: an all-gather), or an
+    all-reduce of a ``Partial``: ranks of one ragged shard, a move off the ragged tensor dim (sizes never read).
+    """
+    p = t.placements[i]
+    if local is None or p.is_replicate():
+        return local
+    target = list(t.placements)
+    target[i] = Replicate()
+    if not other_dims_move(t.placements, target):
+        return None
+    return other_dim_step(local, t.device_mesh, i, p, Replicate(), t.shape, t.placements)
 
 
 def _local_offs(offs: DTensor, m: int, E: int) -> torch.Tensor:
@@ -114,16 +130,19 @@ def ragged_grouped_mm(op: Any, args: Any, kwargs: Any) -> DTensor:
     if not (isinstance(offs, DTensor) and all(p.is_replicate() for p in offs.placements) and offs.shape == (E,)):
         raise _refuse(a, b, offs, "offs must be a Replicate DTensor of the global group ends (shape (E,))")
     placements: list[Placement] = []
+    la, lb = a.to_local(), b.to_local()
     for i, (qa, qb) in enumerate(zip(a.placements, b.placements)):
         if i == m:
             placements.append(out_m)
             continue
         q = _other_dim(qa, qb, a_free, b_free, a_k, b_k, b_out, a_out)
-        if q is None:
-            raise _refuse(a, b, offs, f"mesh dim {i} has {qa} x {qb}, not a matmul layout")
+        if q is None:  # not a matmul layout here (e.g. FSDP-sharded experts): gather this mesh dim first
+            la, lb = _to_replicate(a, la, i, m), _to_replicate(b, lb, i, m)
+            if la is None or lb is None:
+                raise _refuse(a, b, offs, f"mesh dim {i} has {qa} x {qb}, not a matmul layout")
+            q = Replicate()
         placements.append(q)
-    local = torch._grouped_mm(aligned_copy(a.to_local()), aligned_copy(b.to_local()), _local_offs(offs, m, E),
-                              out_dtype=out_dtype)
+    local = torch._grouped_mm(aligned_copy(la), aligned_copy(lb), _local_offs(offs, m, E), out_dtype=out_dtype)
     stride = torch.empty(shape, device="meta").stride()
     meta = TensorMeta(torch.Size(shape), stride, out_dtype or a.dtype)
     out = wrap_result(local, DTensorSpec(a.device_mesh, tuple(placements), tensor_meta=meta))

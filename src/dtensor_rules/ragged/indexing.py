@@ -56,6 +56,8 @@ import torch
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 from torch.distributed.tensor import zeros as dtensor_zeros
 
+from dtensor_rules._upstream import maybe_run_for_local_tensor
+from dtensor_rules._upstream.ragged import coordinate_tensor, other_dim_step
 from dtensor_rules.ragged.placement import RaggedShard, is_ragged
 from dtensor_rules.ragged.rulekit import Ragged, chunk_offset, check_rows, ragged_operand, refuse, wrap
 from dtensor_rules.ragged.table import ragged_rule
@@ -106,6 +108,21 @@ def _other_dims(op: Any, src: DTensor, idxs: list[DTensor], m: int, touched: int
     return out
 
 
+def _narrow(op: Any, local_idx: torch.Tensor, idx: DTensor, like: DTensor, m: int) -> torch.Tensor:
+    """``gather`` / ``scatter_add``: a ``Replicate`` index cut like ``like`` (src / self) on its ``Shard(j >= 1)`` mesh dims.
+
+    Column ``j`` of the result depends only on column ``j`` of the index and of the source, so each rank
+    takes its own columns of the index (a local chunk, as ``Replicate -> Shard(j)``).
+    """
+    for i, p in enumerate(like.placements):
+        if i != m and type(p) is Shard and p.dim >= 1:
+            if idx.shape[p.dim] != like.shape[p.dim]:
+                raise refuse(op, [like, idx], f"the index has {idx.shape[p.dim]} entries on dim {p.dim}, which mesh dim "
+                             f"{i} shards ({like.shape[p.dim]}): its columns would not line up", _READ_FIX)
+            local_idx = other_dim_step(local_idx, like.device_mesh, i, Replicate(), p, idx.shape, like.placements)
+    return local_idx
+
+
 def _read_layout(op: Any, src: DTensor, idxs: list[DTensor]) -> tuple[Ragged, int]:
     r = ragged_operand(op, *idxs)
     m = r.mesh_dim
@@ -147,8 +164,8 @@ def ragged_read(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> DTens
                 raise refuse(op, [src, idx], "gather needs index and source of the same rank", _READ_FIX)
         r, m = _read_layout(op, src, [idx])
         if op is aten.gather.default:
-            others = _other_dims(op, src, [idx], m, src.dim(), lambda d: None)
-            local = src.to_local().gather(0, _index_local(idx, src, m, str(op)))
+            others = _other_dims(op, src, [idx], m, 1, lambda d: d)
+            local = src.to_local().gather(0, _narrow(op, _index_local(idx, src, m, str(op)), idx, src, m))
             shape = tuple(idx.shape)
         else:
             others = _other_dims(op, src, [idx], m, 1, lambda d: d)
@@ -180,6 +197,36 @@ def _write_args(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
     return self_, [b["index"]], src, (kind, b.get("alpha", 1))
 
 
+def _select_rows(op: Any, src: DTensor, r: Ragged, xs: list[Any]) -> DTensor:
+    """A ``Replicate`` source of the index's row count -> the index's ragged layout (a local select)."""
+    if r.ctx is None or r.ctx.row_offset is not None:
+        raise refuse(op, xs, "a Replicate source must be cut to the index's layout, but the index carries no sizes",
+                     _WRITE_FIX)
+    from dtensor_rules.ragged.moves import distribute
+
+    return distribute(src, src.device_mesh, r.ctx.counts, r.mesh_dim, aligned=r.placement.aligned,
+                      placements=src.placements)
+
+
+@maybe_run_for_local_tensor
+def _keep_on_first(local: torch.Tensor, coord: torch.Tensor) -> torch.Tensor:
+    return local if int(coord) == 0 else torch.zeros_like(local)
+
+
+def _partial_from_replicate(x: DTensor, m: int) -> DTensor:
+    placements = [Partial() if i == m else p for i, p in enumerate(x.placements)]
+    local = _keep_on_first(x.to_local(), coordinate_tensor(x.device_mesh, m))
+    return wrap(local, x.device_mesh, placements, x.shape, x.dtype)
+
+
+def _wrap_like(local: torch.Tensor, like: DTensor) -> Any:
+    """A local index as an object whose ``to_local()`` is ``local`` (the write path reads only that)."""
+    class _Local:
+        def to_local(self) -> torch.Tensor:
+            return local
+    return _Local()
+
+
 @ragged_rule(aten.index_add.default, aten.index_add_.default, aten.scatter_add.default, aten.scatter_add_.default,
              aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default)
 def ragged_write(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> DTensor:
@@ -189,10 +236,16 @@ def ragged_write(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> DTen
         raise refuse(op, [self_], "index and source must be DTensors", _WRITE_FIX)
     r = ragged_operand(op, src, *idxs)
     m = r.mesh_dim
+    if src.placements[m].is_replicate() and src.dim() and src.shape[0] == idxs[0].shape[0] > 1:
+        src = _select_rows(op, src, r, [self_, *idxs, src])  # e.g. the gradient of a sum over the rows
     if any(not is_ragged(t.placements[m]) or t.placements[m].dim != 0 for t in (src, *idxs)):
         raise refuse(op, [self_, *idxs, src], "index and source must be ragged along dim 0", _WRITE_FIX)
     ps = self_.placements[m]
     partial = isinstance(ps, Partial) and ps.reduce_op == "sum"
+    if ps.is_replicate() and how != ("put", False) and not op._schema.name.endswith("_"):
+        # Replicate -> Partial(sum) is local (self on coordinate 0, zeros elsewhere): the sum of the pieces
+        self_ = _partial_from_replicate(self_, m)
+        ps, partial = self_.placements[m], True
     if not (_is_shard(ps, 0) or partial):
         raise refuse(op, [self_, *idxs, src], f"self is {ps} on the ragged mesh dim {m} (Shard(0) or Partial(sum) "
                      "tokens take ragged rows locally)", _WRITE_FIX)
@@ -200,6 +253,8 @@ def ragged_write(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> DTen
         raise refuse(op, [self_, *idxs, src], "index_put without accumulate on a Partial(sum) self", _WRITE_FIX)
     _other_dims(op, self_, idxs, m, len(idxs) if how[0] == "put" else 1, lambda d: d, also=src)
     local_self = self_.to_local()
+    if how[0] == "scatter_add":
+        idxs = [_wrap_like(_narrow(op, idxs[0].to_local(), idxs[0], self_, m), idxs[0])]
     if partial:
         first = check_rows(idxs[0].to_local(), local_self, 0, str(op))
     else:

@@ -25,11 +25,11 @@ from torch.distributed.tensor import DTensor
 from dtensor_rules._upstream.ragged import (
     RaggedPlacementError,
     distribute_bindings,
-    partial_replicate_step,
+    other_dim_step,
     redistribute_bindings,
 )
 from dtensor_rules.patches import Patch, register
-from dtensor_rules.ragged.placement import is_ragged
+from dtensor_rules.ragged.placement import is_ragged, other_dims_move
 
 __all__: list[str] = []
 
@@ -61,24 +61,9 @@ def _restore_redistribute() -> None:
     DTensor.redistribute = _orig.pop("redistribute")
 
 
-def _reduction_only(current: Sequence[Any], target: Sequence[Any]) -> bool:
-    """Same ragged placements on the same mesh dims, and every other change a Partial <-> Replicate one.
-
-    Such a move (an all-reduce, or a local zero/scale, on another mesh dim) is elementwise: it never looks
-    at the ragged rows' sizes, so it runs here, step by step with upstream's placement methods (the gradient of a ragged
-    tensor that is Partial over tp after the expert down-projection takes this path)."""
-    for p, q in zip(current, target):
-        if is_ragged(p) or is_ragged(q):
-            if type(p) is not type(q) or p != q:
-                return False
-        elif p != q and not ((p.is_partial() or p.is_replicate()) and (q.is_partial() or q.is_replicate())):
-            return False
-    return True
-
-
 def _guarded_local(real: Callable[..., Any]) -> Callable[..., Any]:
     def redistribute_local_tensor(local: Any, current_spec: Any, target_spec: Any, *args: Any, **kwargs: Any) -> Any:
-        if (_has_ragged(current_spec.placements) or _has_ragged(target_spec.placements)) and not _reduction_only(
+        if (_has_ragged(current_spec.placements) or _has_ragged(target_spec.placements)) and not other_dims_move(
                 current_spec.placements, target_spec.placements):
             raise RaggedPlacementError(
                 f"upstream redistribute {current_spec.placements} -> {target_spec.placements} would relabel ragged rows "
@@ -88,7 +73,7 @@ def _guarded_local(real: Callable[..., Any]) -> Callable[..., Any]:
         if _has_ragged(current_spec.placements) or _has_ragged(target_spec.placements):
             for i, (p, q) in enumerate(zip(current_spec.placements, target_spec.placements)):
                 if not is_ragged(p):
-                    local = partial_replicate_step(local, current_spec.mesh, i, p, q)
+                    local = other_dim_step(local, current_spec.mesh, i, p, q, current_spec.shape, current_spec.placements)
             return local
         return real(local, current_spec, target_spec, *args, **kwargs)
 
@@ -137,7 +122,7 @@ register(Patch(
     name="ragged_guard",
     changes="redistribute_local_tensor (its 3 bindings: _redistribute, _dispatch, _api) and distribute_tensor "
     "(_api, torch.distributed.tensor): raise on a RaggedShard (a redistribute that keeps the ragged placements "
-    "and only moves Partial <-> Replicate on other mesh dims runs here instead); every other call goes to the original",
+    "and only moves other mesh dims off the ragged tensor dims runs here instead); every other call goes to the original",
     reason="an op whose upstream rule wants a ragged input as Shard(d) would relabel its rows silently, and "
     "distribute_tensor would replace a RaggedShard by even Shard(d) chunks: both become clear errors",
     required=True,

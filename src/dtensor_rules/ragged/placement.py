@@ -22,7 +22,7 @@ from typing import Any
 
 from dtensor_rules._upstream.ragged import ShardSubclass
 
-__all__ = ["RaggedShard", "is_ragged", "ragged_mesh_dims"]
+__all__ = ["RaggedShard", "is_ragged", "ragged_mesh_dims", "other_dims_move"]
 
 
 class RaggedShard(ShardSubclass):
@@ -76,3 +76,39 @@ def is_ragged(placement: object) -> bool:
 def ragged_mesh_dims(placements: Any) -> list[int]:
     """The mesh dims whose placement is ragged."""
     return [i for i, p in enumerate(placements) if is_ragged(p)]
+
+
+def other_dims_move(current: Any, target: Any) -> bool:
+    """Whether ``current -> target`` keeps every ragged placement and only moves other mesh dims safely.
+
+    A collective over a mesh dim other than the ragged one ``m`` runs among ranks that share their
+    coordinate on ``m``, so they hold the same ragged rows: a move there never looks at the partition
+    sizes as long as it does not touch a ragged tensor dim. Accepted per other mesh dim ``i``: ``Partial <->
+    Replicate``, and ``Shard(j) <-> Replicate`` / ``Partial -> Shard(j)`` / ``Shard(j) -> Partial(sum)`` (local:
+    the chunk in place, zeros elsewhere; a gradient's layout hint) for a tensor dim ``j`` that is not ragged,
+    that no later mesh dim shards, and that earlier mesh dims shard the same way before and after (nested
+    shards, e.g. experts ``Shard(0)`` on ep then on an FSDP dim: the step's logical size is the earlier
+    chunk); :func:`dtensor_rules._upstream.ragged.other_dim_step` runs them.
+    """
+    ragged_dims = {p.dim for p in (*current, *target) if is_ragged(p)}
+    for i, (p, q) in enumerate(zip(current, target)):
+        if is_ragged(p) or is_ragged(q):
+            if type(p) is not type(q) or p != q:
+                return False
+            continue
+        if p == q:
+            continue
+        for s in (p, q):
+            if not s.is_shard():
+                continue
+            if s.dim in ragged_dims:
+                return False
+            for k, (a, b) in enumerate(zip(current, target)):
+                touches = any(t.is_shard() and not is_ragged(t) and t.dim == s.dim for t in (a, b))
+                if touches and (k > i or (k < i and a != b)):
+                    return False
+        to_partial_ok = q.is_partial() and (p.is_replicate() or (p.is_shard() and q.reduce_op == "sum"))
+        if not (p.is_partial() or p.is_replicate() or p.is_shard()) or not (q.is_replicate() or q.is_shard()
+                                                                          or to_partial_ok):
+            return False
+    return True
