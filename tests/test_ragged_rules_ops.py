@@ -10,7 +10,10 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import dtensor_rules
 from dtensor_rules import ragged
+from dtensor_rules._upstream import rank_tensors
 from dtensor_rules._upstream.ragged import RaggedPlacementError
+from dtensor_rules.kernels import moe_permute_indices
+from dtensor_rules.ragged import RaggedShard
 from dtensor_rules.testing import simulated_mesh
 
 K, D = 2, 4
@@ -123,3 +126,22 @@ def test_refusals_name_the_fix():
             dx.index_select(0, (order // K + 3) % 5)
         rows = dx.index_select(0, order // K)
         torch.testing.assert_close(rows.cumsum(1).full_tensor(), x[ids.reshape(-1).argsort(stable=True) // K].cumsum(1))
+
+
+def test_moe_permute_indices_on_ragged_rows_is_refused_with_the_fix():
+    # its input is per-rank received counts (local data): a ragged DTensor is a mix-up, refused with the fixes
+    # named (the dispatch already groups rows per local expert); the named escape hatch gives the one-device result
+    C, full = [[1, 0, 1, 0], [0, 1, 0, 1]], torch.tensor([3, 1, 0, 2])
+    with simulated_mesh(2) as mesh:
+        counts = distribute_tensor(torch.tensor(C), mesh, [Replicate()])
+        x = ragged.distribute(distribute_tensor(full, mesh, [Replicate()]), mesh, counts, 0)
+        for t in (x, x.redistribute(mesh, [RaggedShard(0, 4, aligned=True)])):
+            with pytest.raises(RaggedPlacementError, match=r"received counts.*aligned=True.*full_tensor\(\)"):
+                moe_permute_indices(t, 2, 2, 16, 4)
+        got = moe_permute_indices(x.full_tensor(), 2, 2, 16, 4)
+        for g, w in zip(got, moe_permute_indices(full, 2, 2, 16, 4)):
+            torch.testing.assert_close(g, w)
+        rows = x.redistribute(mesh, [RaggedShard(0, 4, aligned=True)])
+        recv = ragged.context_of(rows).recv_counts  # what this rank received per (sender, local expert)
+        for r, t in rank_tensors(recv).items():
+            torch.testing.assert_close(t, torch.tensor(C)[:, 2 * r:2 * r + 2].reshape(-1))

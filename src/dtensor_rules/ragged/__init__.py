@@ -20,6 +20,7 @@ from dtensor_rules.ragged.permute import Permutation, permute, unpermute
 from dtensor_rules.ragged.route import route
 from dtensor_rules.ragged import patch as _patch  # noqa: F401  (registers the named patches)
 from dtensor_rules.ragged import counting as _counting, indexing as _indexing, sorting as _sorting, views as _views  # noqa: F401,E501  (rules)
+from dtensor_rules.ragged import permute_indices as _permute_indices  # noqa: F401  (refuses moe_permute_indices)
 
 __all__ = ["RaggedShard", "RaggedContext", "is_ragged", "attach", "context_of", "counts_from_local",
            "dispatch", "combine", "gather", "distribute", "redistribute", "permute", "unpermute", "Permutation", "route"]
