@@ -64,6 +64,7 @@ from dtensor_rules._upstream.registries import (
     wrap_result,
     dispatcher,
     propagate,
+    propagate_schema,
     propagator,
     registry,
     unwrap_cache_miss,

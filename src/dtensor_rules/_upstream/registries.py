@@ -30,6 +30,15 @@ def propagator() -> Any:
     return dispatcher().sharding_propagator
 
 
+def propagate_schema(schema: Any) -> Any:
+    """``propagator()``'s decision for ``schema``: cached in eager, not while tracing (SymInt shapes are unhashable;
+    upstream's own ``ShardingPropagator.propagate`` makes the same choice)."""
+    from torch.distributed._functional_collectives import _are_we_tracing
+
+    p = propagator()
+    return p.propagate_op_sharding_non_cached(schema) if _are_we_tracing() else p.propagate_op_sharding(schema)
+
+
 def custom_op_handlers() -> dict[Any, Any]:
     """op -> handler(op, args, kwargs) for ops that bypass normal sharding propagation."""
     return dispatcher()._custom_op_handlers

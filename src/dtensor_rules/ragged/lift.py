@@ -35,7 +35,7 @@ from dtensor_rules._upstream import (
     DTensorSpec,
     OpSchema,
     dispatch_propagated,
-    propagator,
+    propagate_schema,
     redistribute_args_to,
     wrap_result,
 )
@@ -149,7 +149,7 @@ def _decide(op: Any, schema: Any, reduce_partials: bool) -> Lifted:
     base = (lambda s: _plain(_reduced(s, m))) if reduce_partials else _plain
     plain = OpSchema(schema.op, _substitute(schema.args_schema, base), _substitute(schema.kwargs_schema, base),
                      schema_info=schema.schema_info)
-    out = propagator().propagate_op_sharding(plain)
+    out = propagate_schema(plain)
     flat_now = [a for a in pytree.tree_leaves((schema.args_schema, schema.kwargs_schema))]
     if out.needs_redistribute:
         flat_to = list(pytree.tree_leaves(out.redistribute_schema.args_schema))
