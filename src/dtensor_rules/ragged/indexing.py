@@ -16,7 +16,8 @@ src                      index        result      why it is valid
                                       layout
 other mesh dim: ``R``,   ``R``        as src      the index is the same on every rank; the read is
 ``P(sum)``, or ``S(d)``                           linear in ``src`` and a non-indexed dim rides along
-on a non-indexed dim
+on a non-indexed dim                              (``gather``: the index is cut like ``src`` on
+                                                  ``S(j>=1)``, column ``j`` only meets column ``j``)
 =======================  ===========  ==========  ==============================================
 
 Writes: ``index_add(self, 0, idx, src)``, ``scatter_add(self, 0, idx, src)``,
@@ -31,11 +32,16 @@ self                     idx, src      result      why it is valid
 ``P(sum)`` (EP dim)      ``RU``/``RA``  ``P(sum)`` ``out = self + scatter(src)`` is linear: the
                                                    ranks' pieces ``self_s + scatter(src_s)`` sum
                                                    to it, wherever the indices point
+``R`` (EP dim), out of   ``RU``/``RA``  ``P(sum)`` ``R -> P(sum)`` is local (self kept on EP
+place                                              coordinate 0, zeros elsewhere), then the row above
 other mesh dim           idx ``R``,    as self     linear in (self, src) jointly (``P``+``P``),
                          src = self's              the same on every rank (``R``), or a dim the
                                                    index does not touch (``S(d)``)
 =======================  ============  ==========  =============================================
 
+A ``Replicate`` ``src`` with the index's row count (the gradient of a loss summed over ragged rows) is
+first cut to the index's layout with its sizes (``ragged.distribute``: a local select); ``scatter_add``
+cuts its ``Replicate`` index like ``self`` on ``S(j>=1)`` mesh dims (as ``gather``).
 ``index_put`` without ``accumulate`` is accepted on ``S(0)`` only (a ``P(sum)`` self would keep
 every rank's piece at a written row). ``new_zeros`` of a ragged tensor: the same shape keeps its
 layout; another shape (the ``(T, D)`` tokens, in the backward of a read) is ``Shard(0)`` on the EP
@@ -219,14 +225,6 @@ def _partial_from_replicate(x: DTensor, m: int) -> DTensor:
     return wrap(local, x.device_mesh, placements, x.shape, x.dtype)
 
 
-def _wrap_like(local: torch.Tensor, like: DTensor) -> Any:
-    """A local index as an object whose ``to_local()`` is ``local`` (the write path reads only that)."""
-    class _Local:
-        def to_local(self) -> torch.Tensor:
-            return local
-    return _Local()
-
-
 @ragged_rule(aten.index_add.default, aten.index_add_.default, aten.scatter_add.default, aten.scatter_add_.default,
              aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default)
 def ragged_write(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> DTensor:
@@ -253,13 +251,12 @@ def ragged_write(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> DTen
         raise refuse(op, [self_, *idxs, src], "index_put without accumulate on a Partial(sum) self", _WRITE_FIX)
     _other_dims(op, self_, idxs, m, len(idxs) if how[0] == "put" else 1, lambda d: d, also=src)
     local_self = self_.to_local()
+    first = idxs[0].to_local()
     if how[0] == "scatter_add":
-        idxs = [_wrap_like(_narrow(op, idxs[0].to_local(), idxs[0], self_, m), idxs[0])]
-    if partial:
-        first = check_rows(idxs[0].to_local(), local_self, 0, str(op))
-    else:
-        first = check_rows(idxs[0].to_local() - chunk_offset(self_.device_mesh, m, self_.shape[0]).to(local_self.device),
-                           local_self, 0, str(op))
+        first = _narrow(op, first, idxs[0], self_, m)
+    if not partial:
+        first = first - chunk_offset(self_.device_mesh, m, self_.shape[0]).to(local_self.device)
+    first = check_rows(first, local_self, 0, str(op))
     in_place = op._schema.name.endswith("_") or op is aten._index_put_impl_.default
     if how[0] == "put":
         local = (local_self.index_put_ if in_place else local_self.index_put)(
