@@ -18,7 +18,6 @@ from torch.distributed.device_mesh import init_device_mesh
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import solver_moe as bench  # noqa: E402
 
-import dtensor_rules  # noqa: E402,F401
 from dtensor_rules.solver import choose_placements, trace_joint  # noqa: E402
 from dtensor_rules.testing import fake_world  # noqa: E402
 
@@ -33,7 +32,11 @@ def breakdown(c, top: int = 6) -> str:
         if cost:
             moves[f"{e.producer} -> {e.consumer}[{e.arg}] {_pl(e.layouts[u])} -> {_pl(p.choices[e.consumer].rows[choice[e.consumer]].ins[e.arg])}"] += cost
     lines = [f"  objective {c.objective_us:.1f} us = compute {sum(compute.values()):.1f} + moves {sum(moves.values()):.1f}"]
-    lines += [f"    compute {v:8.1f}  {n}" for n, v in sorted(compute.items(), key=lambda kv: -kv[1])[:top]]
+    def row(n: str) -> str:
+        r = p.choices[n].rows[choice[n]]
+        return ", ".join(_pl(i) for i in r.ins) + " -> " + ", ".join("-" if o is None else _pl(o) for o in r.outs)
+
+    lines += [f"    compute {v:8.1f}  {n}: {row(n)}" for n, v in sorted(compute.items(), key=lambda kv: -kv[1])[:top]]
     lines += [f"    move    {v:8.1f}  {n}" for n, v in sorted(moves.items(), key=lambda kv: -kv[1])[:top]]
     return "\n".join(lines)
 
