@@ -6,7 +6,8 @@ nothing with the distributed path but the model's init and the batches). Toleran
 ``atol = rtol = 1e-5`` (observed: losses within 1e-7, parameters within 1.2e-7).
 
 - simulated ep x tp (every rank in this process);
-- gloo ep=2 x tp=2 (4 ranks) and dp=2 x ep=2 x tp=2 with FSDP2 (8 ranks), each with a DCP
+- simulated ep x tp with ``--balance-loss`` (both modes), and the loss's effect on the routing;
+- gloo ep=2 x tp=2 (4 ranks) and dp=2 x ep=2 x tp=2 with FSDP2 and the batch balance loss (8 ranks), each with a DCP
   checkpoint after step 3 and a resume into a NEW model and optimizer that must end bit for bit
   where the uninterrupted run did (run as a user runs it: the script in a fresh process).
 """
@@ -143,6 +144,10 @@ def test_gloo_ep_tp_trains_like_one_device_and_resumes_bit_for_bit() -> None:
 
 @pytest.mark.slow
 def test_gloo_fsdp2_ep_tp_trains_like_one_device_and_resumes_bit_for_bit() -> None:
-    out = _run_script("--mesh", "dp=2,ep=2,tp=2", "--steps", "5", "--save-at", "3")
+    """With the batch balance loss: each dp rank's loss is that of its own half of the batch, which
+    the one-device oracle averages (one loss over the whole batch differs by 5e-3 at step 0)."""
+    out = _run_script("--mesh", "dp=2,ep=2,tp=2", "--steps", "5", "--save-at", "3", "--balance-loss", "batch",
+                      "--balance-alpha", "1.0")
+    assert "24 tokens per step, batch balance loss (alpha 1.0)" in out, out
     _check_report(out, 5, 3)
     assert "w1         (_StridedShard(dim=0, sf=2), Shard(dim=0), Shard(dim=2)) on ('dp', 'ep', 'tp')" in out
