@@ -71,22 +71,27 @@ def test_on_one_device_the_loss_and_router_gradient_are_torchtitans_routers(mode
     assert model.aux_loss is None
 
 
-@pytest.mark.parametrize("mesh_shape,mode,score_func", [((2,), "batch", "softmax"), ((2, 2), "sequence", "sigmoid")])
+@pytest.mark.parametrize("mesh_shape,mode,score_func,hooks_after", [((2,), "batch", "softmax", True),
+                                                                    ((2, 2), "sequence", "sigmoid", False)])
 def test_under_expert_parallel_every_rank_has_the_single_device_loss_and_gradient(
-        mesh_shape: tuple[int, ...], mode: str, score_func: str) -> None:
+        mesh_shape: tuple[int, ...], mode: str, score_func: str, hooks_after: bool) -> None:
+    """The hooks added after ``expert_parallel``, or before it on a block then deep-copied."""
     model = torchtitan_moe(score_func=score_func)
     model.train()
     x = _tokens()
     want, want_grad, _ = _oracle(model, x, mode)
-    add_balance_loss(model, mode, ALPHA)
+    if not hooks_after:
+        add_balance_loss(model, mode, ALPHA)
     src = copy.deepcopy(model)  # outside the simulated mesh: one set of weights for every rank
     tp = "tp" if len(mesh_shape) == 2 else None
     with simulated_mesh(mesh_shape, names=("ep", "tp")[: len(mesh_shape)]) as mesh:
         ep_model = expert_parallel(src, mesh, tp_dim=tp)
+        if hooks_after:
+            add_balance_loss(ep_model, mode, ALPHA)
         ep_model(distribute_tensor(x, mesh, token_placements(mesh, tp_dim=tp)))
         got = ep_model.aux_loss.full_tensor()
         grad = torch.autograd.grad(ep_model.aux_loss, ep_model.router.gate.weight)[0].full_tensor()
-    assert model.aux_loss is None  # the copy's hooks wrote to the copy
+    assert getattr(model, "aux_loss", None) is None  # the copy's hooks wrote to the copy
     for r in got._local_tensors.values():
         torch.testing.assert_close(r, want, **TOL)
     for r in grad._local_tensors.values():
