@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "patches.md"
 # every patch the package ships, and whether correctness needs it (on by default)
 SHIPPED = {
+    "hinted_strategy_costs": False,  # optional (compile time only), but on by default: ON_BY_DEFAULT
     "first_symbol_record": True,
     "exact_int_partition": True,
     "cache_miss_hook": True,
@@ -39,6 +40,7 @@ SHIPPED = {
     "ragged_guard": True,
     "torchtitan_rules": True,
 }
+ON_BY_DEFAULT = {n for n, required in SHIPPED.items() if required} | {"hinted_strategy_costs"}
 
 
 def run_fresh(code: str, **env: str) -> str:
@@ -56,7 +58,8 @@ def test_status_lists_every_patch_with_its_reason_state_and_default() -> None:
     assert {n: s.required for n, s in states.items()} == SHIPPED
     for s in states.values():
         assert s.reason and s.changes and s.state.startswith(("on", "off")), s
-    assert set(patches.applied()) == set(patches.defaults()) == {n for n, req in SHIPPED.items() if req}
+    assert {n: s.default for n, s in states.items()} == {n: n in ON_BY_DEFAULT for n in SHIPPED}
+    assert set(patches.applied()) == set(patches.defaults()) == ON_BY_DEFAULT
 
 
 def test_docs_page_lists_every_patch_and_how_to_turn_it_off() -> None:
@@ -129,6 +132,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.distributed.tensor.placement_types import Partial
 from torch.distributed.tensor import _api, _dispatch, _redistribute
+from torch.distributed.tensor._ops import utils as ops_utils
 
 def snapshot():
     d = DTensor._op_dispatcher
@@ -137,6 +141,7 @@ def snapshot():
             "op_to_schema_info_for_single_dim_strategy")
     return {
         "tracker": proxy_tensor._init_proxy_trackers,
+        "strategy_pricing": ops_utils.redistribute_cost,
         "partition": Partial.__dict__["_partition_value"],
         "shallow_copy": DTensorSpec.__dict__["shallow_copy_with_tensor_meta"],
         "slow_path": vars(d).get("_propagate_op_sharding_dispatch_slow_path"),
@@ -176,7 +181,8 @@ def test_uninstall_gives_back_torchs_own_objects_and_later_imports_stay_pristine
         installed = snapshot()
         changed = same(pristine, installed)
         assert {"tracker", "partition", "shallow_copy", "slow_path", "meta_step", "inductor_prims", "meta_path",
-                "per_rank_run", "per_rank_map", "redistribute", "redistribute_local", "distribute"} <= set(changed), changed
+                "per_rank_run", "per_rank_map", "redistribute", "redistribute_local", "distribute",
+                "strategy_pricing"} <= set(changed), changed
         dtensor_rules.uninstall()
         assert same(pristine, snapshot()) == [], same(pristine, snapshot())
         assert all(s.state == "off" for s in dtensor_rules.status().patches.values())

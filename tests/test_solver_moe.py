@@ -245,3 +245,28 @@ def test_the_expert_parallel_choice_runs_on_the_ragged_path_and_equals_one_devic
         got = [out.full_tensor(), *(g.full_tensor() for g in grads)]
     for g, w in zip(got, [ref, *want]):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_ragged_row_prices_each_rank_on_its_own_share_of_the_index() -> None:
+    """The permute ``x[token]`` in an expert-parallel row (x ``Shard(0)``, ids ``Replicate`` ->
+    ``RU(0)``): in the ragged region each rank gathers only its own tokens' rows, so it costs
+    what the same gather on a quarter of the ids does (ids ``Shard(0)``), not the whole-index
+    gather (4x the rows) it was priced at before."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from dtensor_rules._upstream import TensorMeta
+    from dtensor_rules.ragged import RaggedShard
+    from dtensor_rules.solver.query import Row
+
+    x = torch.empty(16384, 2048, device="meta")  # solver_moe.py's layer: 16384 tokens, top 6
+    ids = torch.empty(6 * 16384, dtype=torch.int64, device="meta")
+    gm = make_fx(lambda x, ids: x[ids])(x, ids)
+    node = next(n for n in gm.graph.nodes if n.op == "call_function")
+    metas = tuple(TensorMeta(t.shape, t.stride(), t.dtype) for t in (x, ids))
+    S, R = Shard(0), Replicate()
+    with fake_world(4):
+        pricer = Pricer(init_device_mesh("cpu", (4,)))
+        ragged = pricer.compute_us(node, Row(((RaggedShard(0, 8, False),),), ((S,), (R,))), metas)
+        own = pricer.compute_us(node, Row(((S,),), ((S,), (S,))), metas)
+        whole = pricer.compute_us(node, Row(((R,),), ((S,), (R,))), metas)
+    assert ragged == own and whole > 3.5 * own

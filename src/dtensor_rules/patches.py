@@ -1,7 +1,8 @@
 """Every change ``import dtensor_rules`` makes in torch beyond installing rules, by name.
 
 A :class:`Patch` says what it changes in torch (``changes``), why (``reason``), and whether
-correctness needs it (``required``: on by default) or it is optional (off unless asked for).
+correctness needs it (``required``: on by default) or it is optional (off unless asked for, or
+on by default with ``default=True`` where it only saves time and leaves every result the same).
 Each has ``apply`` / ``restore`` functions that undo each other exactly (the original function
 objects come back). The module that owns the fix registers it (``register``); this module
 imports nothing of the package, so any layer may register one.
@@ -43,6 +44,11 @@ class Patch(NamedTuple):
     restore: Callable[[], None]
     waits_for: str = ""  # module whose first import completes the patch ("" = complete when applied)
     pending: Callable[[], bool] | None = None  # while applied: is the waits_for part still to come?
+    default: bool | None = None  # applied by a plain install()? None: exactly when required
+
+    @property
+    def on_by_default(self) -> bool:
+        return self.required if self.default is None else self.default
 
 
 class PatchState(NamedTuple):
@@ -53,6 +59,7 @@ class PatchState(NamedTuple):
     required: bool
     changes: str
     reason: str
+    default: bool  # applied by a plain install()
 
 
 _lock = threading.RLock()
@@ -76,8 +83,9 @@ def names() -> list[str]:
 
 
 def defaults() -> list[str]:
-    """The patches a plain ``dtensor_rules.install()`` applies: the ones correctness needs."""
-    return [n for n, p in _patches.items() if p.required]
+    """The patches a plain ``dtensor_rules.install()`` applies: the ones correctness needs, and the
+    optional ones that are on by default (``Patch.default``)."""
+    return [n for n, p in _patches.items() if p.on_by_default]
 
 
 def applied() -> list[str]:
@@ -161,5 +169,5 @@ def states() -> dict[str, PatchState]:
                 state = f"on, waiting: completes when {p.waits_for} is first imported"
             else:
                 state = "on"
-            out[name] = PatchState(name, state, p.required, p.changes, p.reason)
+            out[name] = PatchState(name, state, p.required, p.changes, p.reason, p.on_by_default)
     return out

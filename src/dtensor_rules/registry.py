@@ -183,15 +183,17 @@ def register_patch(
     required: bool = True,
     waits_for: str = "",
     pending: Callable[[], bool] | None = None,
+    default: bool | None = None,
 ) -> None:
     """Register a named global change to torch that is not an op rule (:mod:`dtensor_rules.patches`).
 
     ``apply`` / ``restore`` must undo each other exactly. A plain :func:`install` applies it when
-    ``required`` (correctness needs it), ``install(patches=[...])`` switches it by name, a full
+    ``required`` (correctness needs it) or ``default`` (optional, on unless switched off),
+    ``install(patches=[...])`` switches it by name, a full
     :func:`uninstall` restores it; :func:`status` lists it (``.patches``) with ``reason``.
     """
     try:
-        _patch_registry.register(_patch_registry.Patch(name, changes, reason, required, apply, restore, waits_for, pending))
+        _patch_registry.register(_patch_registry.Patch(name, changes, reason, required, apply, restore, waits_for, pending, default))
     except _patch_registry.PatchError as e:
         raise RuleError(str(e)) from None
 

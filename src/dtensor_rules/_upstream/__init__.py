@@ -20,6 +20,7 @@ Modules, each with one job:
 - :mod:`.planner`: upstream's redistribute planner, for the side-by-side benchmark (not re-exported).
 - :mod:`.mask`: upstream's masked-partial placement and ours (lookups into a sharded table).
 - :mod:`.tracing`: symbolic tracing's symbol records (a proxy cycle under ``torch.compile``).
+- :mod:`.hinted_costs`: upstream's strategy pricing on size hints under symbolic shapes (compile time).
 - :mod:`.measured`: ours vs upstream measured per torch release; which rule ``install()`` keeps.
 - :mod:`.contract`: the list of upstream symbols and signatures all of the above rely on.
 """
@@ -104,6 +105,7 @@ from dtensor_rules._upstream.collectives import (
     swap_partial_partition,
 )
 from dtensor_rules._upstream.tracing import keep_first_symbol_record, restore_symbol_record
+from dtensor_rules._upstream.hinted_costs import price_on_hints, price_symbolically, pricing_on_hints
 from dtensor_rules._upstream.mask import IndexMaskPartial, MaskPartial, assert_async
 from dtensor_rules._upstream.measured import verdict as measured_verdict
 from dtensor_rules._upstream.meta import (

@@ -44,6 +44,8 @@ REQUIREMENTS: tuple[Requirement, ...] = (
                 params=("mesh", "op_schema", "input_index", "inplace_op", "allow_uneven_sharding", "allow_unbacked_sharding"),
                 any_of=("full_mesh_strategy_filter", "is_valid_strategy_cb"), why="expand_to_mesh"),
     Requirement(f"{_T}._ops.utils", "is_tensor_shardable"),
+    Requirement(f"{_T}._ops.utils", "redistribute_cost", why="hinted_strategy_costs: the name the strategy expansion prices with"),
+    Requirement("torch.fx.experimental.symbolic_shapes", "optimization_hint", params=("a", "fallback"), why="hinted_strategy_costs"),
     Requirement(f"{_T}._sharding_prop", "_select_min_cost_strategy"),
     Requirement(f"{_T}._sharding_prop", "ShardingPropagator", attrs=("op_strategy_funcs", "op_single_dim_strategy_funcs",
                 "op_to_rules", "op_to_schema_info", "op_to_schema_info_for_single_dim_strategy", "propagate",

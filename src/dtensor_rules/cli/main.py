@@ -99,7 +99,7 @@ def _status(args: argparse.Namespace) -> int:
         print(f"{op:45s} {has:8s} {active:9s} {why}")
     print(f"\n{'patch (docs/patches.md)':25s} {'default':8s} state / why")
     for p in status.patches.values():
-        print(f"{p.name:25s} {'on' if p.required else 'off':8s} {p.state}\n{'':34s} why: {p.reason}")
+        print(f"{p.name:25s} {'on' if p.default else 'off':8s} {p.state}\n{'':34s} why: {p.reason}")
     return 0
 
 

@@ -89,7 +89,8 @@ class Pricer:
 
     def compute_us(self, node: fx.Node, row: Row, metas: tuple[TensorMeta, ...]) -> float:
         """Roofline time of ``node`` on rank 0's local inputs under ``row``."""
-        locals_ = tuple(local_shape(m, self.mesh, lay) for m, lay in zip(metas, row.ins))
+        ins = _ragged_index_ins(row, metas)
+        locals_ = tuple(local_shape(m, self.mesh, lay) for m, lay in zip(metas, ins))
         key = (node.target, locals_, tuple(m.dtype for m in metas), _static_args(node))
         cost = self._compute.get(key)
         if cost is None:
@@ -105,6 +106,25 @@ class Pricer:
             moved = sum(math.prod(s) * m.dtype.itemsize for s, m in zip(shapes, metas))
             cost = OpCost(flops=0, bytes_read=moved, bytes_written=moved)
         return runtime(cost, self.hardware) * 1e6
+
+
+def _ragged_index_ins(row: Row, metas: tuple[TensorMeta, ...]) -> tuple[Layout, ...]:
+    """``row.ins`` with each integer input that is ``Replicate`` on a mesh dim where the row is ragged
+    read as ``Shard(0)`` there.
+
+    The expert-parallel rows (``solver/ragged_rows.py``) describe the ragged region, where a rank
+    permutes, pads and combines only its own partition rows: the token ids, destinations and group
+    offsets it uses are its own share, not the replicated whole the row names (a row cannot say
+    "the same index, cut to my rows"). Priced at the whole, every rank would pay ep times the
+    gather / index_put / scatter_add work it does."""
+    ragged = {m for lay in (*row.ins, *(o for o in row.outs if o is not None)) for m, p in enumerate(lay) if is_ragged(p)}
+    if not ragged:
+        return row.ins
+    return tuple(
+        tuple(Shard(0) if m in ragged and p.is_replicate() else p for m, p in enumerate(lay))
+        if len(meta.shape) and not (meta.dtype.is_floating_point or meta.dtype.is_complex or meta.dtype == torch.bool)
+        else lay
+        for lay, meta in zip(row.ins, metas))
 
 
 def _static_args(node: fx.Node) -> Any:
