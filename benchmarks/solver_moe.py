@@ -16,7 +16,7 @@ compared with one device. "ours+EP" adds the expert-parallel rows (``solver/ragg
 i.e. expected-uniform routing), so the ILP may choose expert parallelism; "hand EP" prices
 ``expert_parallel``'s fixed layout with the same model (parameters fixed, the permute/dispatch/grouped-matmul/
 combine nodes held to their EP rows, the rest placed by the ILP; no memory cap). "applied" runs the parameter
-layouts (``apply_choice``); an EP row (experts ``Shard(0)`` on mesh dim 0) runs on the ragged path
+layouts (``apply_choice``); an EP row (experts ``Shard(0)`` on one mesh dim) runs on the ragged path
 (``shard_moe(ragged=True)``'s region: dispatch / combine, no all-gather), the others through plain DTensor dispatch.
 
     python benchmarks/solver_moe.py                  # DeepSeek-V2-Lite-like layer, meshes (8,), (2,4), (4,8)
@@ -35,14 +35,15 @@ from typing import NamedTuple
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Shard
+
 
 import dtensor_rules
 from dtensor_rules.core.solver_rows import full_enumeration
 from dtensor_rules.models.moe import MoE, MoEConfig
 from dtensor_rules.solver import apply_choice, choose_placements, trace_joint
+from dtensor_rules.solver.apply import expert_parallel_dim
 from dtensor_rules.testing import fake_world, simulated_mesh
-from dtensor_rules.testing.mesh import MAX_WORLD
+from dtensor_rules.testing.mesh import MAX_SIMULATED
 
 # DeepSeek-V2-Lite: dim 2048, moe_intermediate_size 1408, 64 routed experts, top 6, 2 shared experts
 LITE = MoEConfig(dim=2048, hidden=1408, n_experts=64, top_k=6, n_shared=2, gmm_dtype=torch.bfloat16)
@@ -113,7 +114,7 @@ def run(config: MoEConfig, tokens: int, meshes: tuple, cap_fraction: float | Non
                 rows.append(Row(str(shape), rules, c.variables, c.constraints, c.solve_s, c.query_s, c.objective_us,
                                 experts, {k: _pl(v) for k, v in c.params.items()},
                                 _apply(shape, c.params, c.input_layout, ragged=rules in ("ours+EP", "hand EP")
-                                       and all(c.params[w][0] == Shard(0) for w in ("w1", "w3", "w2")))))
+                                       and expert_parallel_dim(c.params) is not None)))
                 print(f"solver_moe: mesh {shape} {rules}: {c.variables} variables, solved in {c.solve_s:.1f} s"
                       + (f", {len(c.fallbacks)} node(s) without a rule" if c.fallbacks else ""), file=sys.stderr)
     return rows
@@ -123,8 +124,8 @@ def _apply(shape: tuple, params: dict, input_layout: tuple, ragged: bool = False
     """Run the small block in fp32 with these parameter layouts on a simulated mesh of ``shape``
     (every rank in this process, real data) and compare with one device; ``ragged``: an
     expert-parallel choice, run on the ragged path (dispatch/combine, no all-gather of experts)."""
-    if math.prod(shape) > MAX_WORLD:
-        return f"not run (simulating {math.prod(shape)} ranks; at most {MAX_WORLD})"
+    if math.prod(shape) > MAX_SIMULATED:
+        return f"not run (simulating {math.prod(shape)} ranks; at most {MAX_SIMULATED})"
     config = dataclasses.replace(SMALL, gmm_dtype=None)
     x = torch.randn(SMALL_TOKENS, config.dim, generator=torch.Generator().manual_seed(0))
     ref = MoE(config)(x)

@@ -58,7 +58,7 @@ def test_simulated_mesh_holds_every_rank(shape):
 
 @pytest.mark.parametrize(
     "shape, message",
-    [((3, 3), "9 ranks; simulated meshes allow at most 8"), ((2, 0), "positive ints"), ((1, 1, 1, 1), "1 to 3")],
+    [((8, 9), "72 ranks; simulated meshes allow at most 64"), ((2, 0), "positive ints"), ((1, 1, 1, 1), "1 to 3")],
 )
 def test_simulated_mesh_rejects_bad_shapes(shape, message):
     with pytest.raises(ValueError, match=message):

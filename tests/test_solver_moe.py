@@ -270,3 +270,52 @@ def test_a_ragged_row_prices_each_rank_on_its_own_share_of_the_index() -> None:
         own = pricer.compute_us(node, Row(((S,),), ((S,), (S,))), metas)
         whole = pricer.compute_us(node, Row(((R,),), ((S,), (R,))), metas)
     assert ragged == own and whole > 3.5 * own
+
+
+# the expert-parallel layouts the solver chose on the DeepSeek-V2-Lite-like layer (docs/solver.md):
+# ep on mesh dim 1 with expert TP on dim 0; and expert_parallel's hand layout (ep on dim 0)
+_R = Replicate()
+EP_ON_DIM_1 = {"gate": (_R, _R), "w1": (Shard(2), Shard(0)), "w3": (Shard(2), Shard(0)), "w2": (Shard(1), Shard(0)),
+               "shared_w1": (_R, Shard(0)), "shared_w3": (Shard(1), _R), "shared_w2": (_R, _R)}
+HAND_EP = {"gate": (_R, _R), "w1": (Shard(0), Shard(2)), "w3": (Shard(0), Shard(2)), "w2": (Shard(0), Shard(1)),
+           "shared_w1": (_R, Shard(0)), "shared_w3": (_R, Shard(0)), "shared_w2": (_R, Shard(1))}
+
+
+@pytest.mark.parametrize("shape, params", [((2, 4), EP_ON_DIM_1), ((4, 8), EP_ON_DIM_1), ((4, 8), HAND_EP)],
+                         ids=["2x4 ep on dim 1", "4x8 (32 ranks) ep on dim 1", "4x8 hand EP"])
+def test_expert_parallel_choices_on_any_mesh_dim_run_on_the_ragged_path(shape, params) -> None:
+    """An EP layout whose ep is mesh dim 1 runs on the ragged path too (tokens Shard(0) on that dim),
+    on up to 32 simulated ranks: output and every gradient equal one device, expert gradients keep
+    the chosen layout (Shard(0) on the ep dim), and the tokens travel by all-to-all (the dispatch)."""
+    from dtensor_rules.solver.apply import expert_parallel_dim
+    from dtensor_rules.testing.comm import CommBytesMode
+
+    ep_dim = expert_parallel_dim(params)
+    assert ep_dim == (1 if params is EP_ON_DIM_1 else 0)
+    config = MoEConfig(dim=16, hidden=32, n_experts=8, top_k=2, n_shared=1)
+    one = MoE(config)
+    xs = torch.randn(12, config.dim, generator=torch.Generator().manual_seed(3))
+    cot = torch.randn(12, config.dim, generator=torch.Generator().manual_seed(4))
+    ref = one(xs)
+    names = [n for n, _ in one.named_parameters()]
+    want = torch.autograd.grad(ref, list(one.parameters()), cot)
+    with simulated_mesh(shape) as sim:
+        module = MoE(config)
+        with CommBytesMode() as comm:
+            out = apply_choice(module, sim, params, xs, (Replicate(),) * 2, ragged=True)
+            grads = torch.autograd.grad(out, list(module.parameters()),
+                                        distribute_tensor(per_rank_copies(cot), sim, out.placements))
+        assert comm.total_bytes("all_to_all") > 0, comm.bytes
+        for name, g in zip(names, grads):
+            if name in ("w1", "w3", "w2"):
+                assert g.placements[ep_dim] == Shard(0), (name, g.placements)
+        got = [out.full_tensor(), *(g.full_tensor() for g in grads)]
+    for name, g, w in zip(["output", *names], got, [ref, *want]):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_a_choice_without_one_expert_parallel_dim_is_refused_on_the_ragged_path() -> None:
+    mixed = dict(EP_ON_DIM_1, w2=(Shard(0), Shard(1)))  # w2 split by expert on the other mesh dim
+    with simulated_mesh((2, 4)) as sim, pytest.raises(ValueError, match="Shard\\(0\\) on one mesh dim"):
+        apply_choice(MoE(MoEConfig(dim=16, hidden=32, n_experts=8, top_k=2)), sim, mixed,
+                     torch.randn(4, 16), (Replicate(),) * 2, ragged=True)

@@ -67,7 +67,9 @@ def ragged_moe(x: DTensor, router: DTensor, w1: DTensor, w3: DTensor, w2: DTenso
     return routed_by_placements(x, ids, weights, w1.shape[0], _swiglu(w1, w3, w2))
 
 
-def ragged_routed_experts(module: torch.nn.Module, x2: DTensor, idx: DTensor, weights: DTensor) -> DTensor:
-    """``MoE.routed_region`` for ``shard_moe(..., ragged=True)``: the module's experts on the ragged path."""
+def ragged_routed_experts(module: torch.nn.Module, x2: DTensor, idx: DTensor, weights: DTensor,
+                          ep_dim: int = 0) -> DTensor:
+    """``MoE.routed_region`` for ``shard_moe(..., ragged=True)``: the module's experts on the ragged path
+    (experts ``Shard(0)`` and tokens ``Shard(0)`` on mesh dim ``ep_dim``)."""
     return routed_by_placements(x2, idx, weights, module.config.n_experts,
-                                lambda rows, offs: module.experts(rows, offs).to(x2.dtype))
+                                lambda rows, offs: module.experts(rows, offs).to(x2.dtype), ep_dim)

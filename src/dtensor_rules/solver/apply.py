@@ -7,6 +7,8 @@ than one device, fails here rather than in a table.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
@@ -14,7 +16,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 from dtensor_rules.models.moe import MoE, distribute_params
 from dtensor_rules.solver.query import Layout
 
-__all__ = ["apply_choice"]
+__all__ = ["apply_choice", "expert_parallel_dim"]
 
 
 def apply_choice(module: MoE, mesh: DeviceMesh, params: dict[str, Layout], x: torch.Tensor,
@@ -24,18 +26,26 @@ def apply_choice(module: MoE, mesh: DeviceMesh, params: dict[str, Layout], x: to
 
     ``ragged``: run the routed experts on the ragged path (``shard_moe(ragged=True)``'s region:
     permute, dispatch, grouped matmuls on aligned rows, combine), as an expert-parallel choice
-    (experts ``Shard(0)`` on mesh dim 0) means, with the tokens ``Shard(0)`` on ep and replicated
-    on the other mesh dims (what the permute takes); without it DTensor's plain rules run the block."""
+    (experts ``Shard(0)`` on one mesh dim, the ep dim) means, with the tokens ``Shard(0)`` on that
+    dim and replicated on the others (what the permute takes); without it DTensor's plain rules
+    run the block."""
     from dtensor_rules._upstream import per_rank_copies
 
     if ragged:
-        if any(getattr(params[w][0], "dim", None) != 0 or not params[w][0].is_shard() for w in ("w1", "w3", "w2")):
-            raise ValueError(f"ragged=True runs experts Shard(0) on mesh dim 0 (ep); the choice has "
-                             f"{[params[w] for w in ('w1', 'w3', 'w2')]}")
+        ep_dim = expert_parallel_dim(params)
+        if ep_dim is None:
+            raise ValueError(f"ragged=True runs experts Shard(0) on one mesh dim (ep), the same for w1, w3 and w2; "
+                             f"the choice has {[params[w] for w in ('w1', 'w3', 'w2')]}")
         from dtensor_rules.models.ragged_moe import ragged_routed_experts
 
-        module.routed_region = ragged_routed_experts
-        # the permute takes tokens split over ep only (Replicate on the other mesh dims)
-        input_layout = (Shard(0),) + (Replicate(),) * (mesh.ndim - 1)
+        module.routed_region = functools.partial(ragged_routed_experts, ep_dim=ep_dim)
+        input_layout = tuple(Shard(0) if i == ep_dim else Replicate() for i in range(mesh.ndim))
     distribute_params(module, mesh, dict(params), (Replicate(),) * mesh.ndim)
     return module(distribute_tensor(per_rank_copies(x), mesh, input_layout))
+
+
+def expert_parallel_dim(params: dict[str, Layout]) -> int | None:
+    """The mesh dim on which every routed expert weight is ``Shard(0)`` (split by expert), if any."""
+    dims = [{i for i, p in enumerate(params[w]) if type(p) is Shard and p.dim == 0} for w in ("w1", "w3", "w2")]
+    common = set.intersection(*dims)
+    return min(common) if len(common) == 1 else None

@@ -26,20 +26,23 @@ import torch.distributed as dist
 from dtensor_rules._upstream import LocalTensorMode
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-MAX_WORLD = 8
+MAX_WORLD = 8  # real gloo processes on one machine (and the default for generated mesh shapes)
+# ranks one simulated mesh may hold: every rank's shard lives in this process, so memory and time
+# grow with the world (a 4x8 solver layout of the small MoE block runs in seconds)
+MAX_SIMULATED = 64
 # what the fork server imports once, before it forks rank processes: torch, not this package
 # (a rank imports dtensor_rules itself, under the environment the caller had at run_gloo)
 FORKSERVER_PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor")
 
-__all__ = ["simulated_mesh", "fake_world", "run_gloo", "MAX_WORLD", "process_context"]
+__all__ = ["simulated_mesh", "fake_world", "run_gloo", "MAX_WORLD", "MAX_SIMULATED", "process_context"]
 
 
 def _check_shape(shape: Sequence[int] | int) -> tuple[int, ...]:
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     if not 1 <= len(shape) <= 3 or any(not isinstance(s, int) or s < 1 for s in shape):
         raise ValueError(f"mesh shape must be 1 to 3 positive ints, got {shape}")
-    if math.prod(shape) > MAX_WORLD:
-        raise ValueError(f"mesh {shape} has {math.prod(shape)} ranks; simulated meshes allow at most {MAX_WORLD}")
+    if math.prod(shape) > MAX_SIMULATED:
+        raise ValueError(f"mesh {shape} has {math.prod(shape)} ranks; simulated meshes allow at most {MAX_SIMULATED}")
     return shape
 
 
@@ -74,7 +77,7 @@ def fake_world(world_size: int) -> Iterator[None]:
 
 @contextlib.contextmanager
 def simulated_mesh(shape: Sequence[int] | int, names: Sequence[str] | None = None) -> Iterator[DeviceMesh]:
-    """A ``DeviceMesh`` of ``shape`` (1-D to 3-D, at most 8 ranks) with every rank simulated.
+    """A ``DeviceMesh`` of ``shape`` (1-D to 3-D, at most ``MAX_SIMULATED`` = 64 ranks) with every rank simulated.
 
     Inside the block DTensor ops run for all ranks at once (``LocalTensorMode``);
     ``dtensor.to_local()`` is a ``LocalTensor`` holding every rank's shard.
