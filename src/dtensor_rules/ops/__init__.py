@@ -6,6 +6,7 @@ from dtensor_rules.core import simulated_rng  # noqa: F401
 from dtensor_rules.ops import (  # noqa: F401
     _symbolic_tracing,
     counting,
+    ep_all_to_all,
     fma,
     gather_scatter,
     grouped_mm,
