@@ -21,6 +21,8 @@ device-to-host copy per forward (``models/ep_local.py`` does); then neither op n
 backward syncs. A device ``splits`` also works, at one sync per op call.
 
 ``group`` is a process group's name (``ProcessGroup.group_name``), as funcol's ops take it.
+Under ``LocalTensorMode`` (a simulated mesh) each op runs once on the simulated ranks'
+LocalTensors, its all-to-all simulated across them, never once per rank.
 The DTensor rule is in ``dtensor_rules/ops/ep_all_to_all.py``.
 """
 
@@ -32,6 +34,7 @@ import torch
 from torch import Tensor
 
 from dtensor_rules._upstream import funcol, unbacked_size
+from dtensor_rules._upstream.ragged import on_local_tensor_mode
 
 __all__ = ["ep_dispatch_op", "ep_combine_op", "DISPATCH_NAME", "COMBINE_NAME"]
 
@@ -107,3 +110,18 @@ def _combine_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
 
 ep_dispatch_op.register_autograd(_dispatch_backward, setup_context=_setup)
 ep_combine_op.register_autograd(_combine_backward, setup_context=_setup)
+
+
+def _simulated(transpose: bool) -> Any:
+    """The op's body on LocalTensors: the split sizes are per-rank ints there (no Python checks)."""
+
+    def run(x: Tensor, splits: Tensor, group: str, rows: int | None = None) -> Tensor:
+        send, recv = splits.tolist()
+        out_splits, in_splits = (send, recv) if transpose else (recv, send)
+        return funcol.wait_tensor(funcol.all_to_all_single(x.contiguous(), out_splits, in_splits, group))
+
+    return run
+
+
+on_local_tensor_mode(torch.ops.dtensor_rules.ep_dispatch.default, _simulated(transpose=False))
+on_local_tensor_mode(torch.ops.dtensor_rules.ep_combine.default, _simulated(transpose=True))
