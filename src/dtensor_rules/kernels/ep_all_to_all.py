@@ -22,7 +22,8 @@ backward syncs. A device ``splits`` also works, at one sync per op call.
 
 ``group`` is a process group's name (``ProcessGroup.group_name``), as funcol's ops take it.
 Under ``LocalTensorMode`` (a simulated mesh) each op runs once on the simulated ranks'
-LocalTensors, its all-to-all simulated across them, never once per rank.
+LocalTensors, its all-to-all simulated across them, never once per rank. Under ``CommDebugMode``
+the all-to-all inside is counted like funcol's (``c10d_functional.all_to_all_single``).
 The DTensor rule is in ``dtensor_rules/ops/ep_all_to_all.py``.
 """
 
@@ -32,6 +33,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor.debug import CommDebugMode
 
 from dtensor_rules._upstream import funcol, unbacked_size
 from dtensor_rules._upstream.ragged import on_local_tensor_mode
@@ -125,3 +127,20 @@ def _simulated(transpose: bool) -> Any:
 
 on_local_tensor_mode(torch.ops.dtensor_rules.ep_dispatch.default, _simulated(transpose=False))
 on_local_tensor_mode(torch.ops.dtensor_rules.ep_combine.default, _simulated(transpose=True))
+
+
+def _counted(mode: Any, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    """Under ``CommDebugMode`` the op's all-to-all goes through the mode, which counts it as
+    ``c10d_functional.all_to_all_single`` (a mode sees a custom op, not the collective inside)."""
+    x, splits, group, *rest = args
+    rows = (kwargs or {}).get("rows", rest[0] if rest else None)
+    send, recv = _host_splits(splits)
+    transpose = func is torch.ops.dtensor_rules.ep_combine.default
+    _check_rows(rows, send if transpose else recv, str(func))
+    out_splits, in_splits = (send, recv) if transpose else (recv, send)
+    a2a = torch.ops._c10d_functional.all_to_all_single.default
+    return funcol.wait_tensor(mode.__torch_dispatch__(a2a, types, (x.contiguous(), out_splits, in_splits, group), {}))
+
+
+for _op in (torch.ops.dtensor_rules.ep_dispatch.default, torch.ops.dtensor_rules.ep_combine.default):
+    torch.library.register_torch_dispatch(_op, CommDebugMode, _counted)
