@@ -132,11 +132,9 @@ on_local_tensor_mode(torch.ops.dtensor_rules.ep_combine.default, _simulated(tran
 def _counted(mode: Any, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
     """Under ``CommDebugMode`` the op's all-to-all goes through the mode, which counts it as
     ``c10d_functional.all_to_all_single`` (a mode sees a custom op, not the collective inside)."""
-    x, splits, group, *rest = args
-    rows = (kwargs or {}).get("rows", rest[0] if rest else None)
-    send, recv = _host_splits(splits)
+    x, splits, group = args[:3]
+    send, recv = splits.tolist()  # no checks: per-rank ints when LocalTensorMode runs below this mode
     transpose = func is torch.ops.dtensor_rules.ep_combine.default
-    _check_rows(rows, send if transpose else recv, str(func))
     out_splits, in_splits = (send, recv) if transpose else (recv, send)
     a2a = torch.ops._c10d_functional.all_to_all_single.default
     return funcol.wait_tensor(mode.__torch_dispatch__(a2a, types, (x.contiguous(), out_splits, in_splits, group), {}))
