@@ -13,8 +13,9 @@ ONE world of 2 gloo ranks (ep = 2) runs every ep-only regime:
   ``capture_dynamic_output_shape_ops``), ``aot_eager`` then ``inductor``: the block compiled ONCE and
   called with 21, 33 and 7 tokens (uneven over the ranks) with routings steered by ``expert_bias``:
   every expert used; expert 1 (ep rank 0's second expert) never chosen; experts 0 and 1 never
-  chosen, so ep rank 0 receives no row at all. One graph, no break. Then 30 tokens (the other
-  parity of ``T % ep``): one more graph, DTensor's shard-size guard (docs/compile.md, limits).
+  chosen, so ep rank 0 receives no row at all. One graph, no break. Then (``aot_eager``) 30 tokens
+  (the other parity of ``T % ep``): one more graph, DTensor's shard-size guard (docs/compile.md,
+  limits; the guard is before the region, the same for both backends).
 
 Oracle: the same block on one device, plain torch: the output and the gradients of the tokens and
 of every parameter (fp32 parameters and tokens; the expert matmuls in bf16 in both, ``gmm_dtype``:
@@ -167,8 +168,9 @@ def _ep_worker(rank: int, world: int) -> dict:
         with torch._inductor.config.patch(emulate_precision_casts=True):
             problems, counts = _run_block(compiled, model, reference, mesh, CALLS)
             graphs = _graphs()
-            parity_problems, _ = _run_block(compiled, model, reference, mesh, [PARITY_CALL])
-        out[backend] = {"problems": problems + parity_problems, "expert_counts": counts, "graphs": graphs,
+            if backend == "aot_eager":  # the same guard for both backends; inductor's recompile costs ~10 s
+                problems += _run_block(compiled, model, reference, mesh, [PARITY_CALL])[0]
+        out[backend] = {"problems": problems, "expert_counts": counts, "graphs": graphs,
                         "graphs after parity": _graphs()}
     return out
 
@@ -223,4 +225,5 @@ def test_ep_block_compiles_to_one_graph_and_equals_one_device() -> None:
             assert b["expert_counts"][1][1] == 0 and b["expert_counts"][2][:2] == [0, 0], b["expert_counts"]
             assert not b["problems"], f"rank {rank}, {backend}:\n" + "\n".join(b["problems"])
             assert b["graphs"] == (1, 0), f"rank {rank}, {backend}: (graphs, breaks) {b['graphs']}"
-            assert b["graphs after parity"] == (2, 0), f"rank {rank}, {backend}: {b['graphs after parity']}"
+            if backend == "aot_eager":
+                assert b["graphs after parity"] == (2, 0), f"rank {rank}: {b['graphs after parity']}"
