@@ -54,8 +54,17 @@ CUDA_ONLY = {"torchtitan.silu_and_mul.default", "torchtitan.silu_and_mul_backwar
              *(f"torchtitan.helion_{k}_rope_{d}.default" for k in ("cossin", "complex") for d in ("fwd", "bwd"))}
 
 
+# the EP token moves: collectives over a process group named in their arguments, which validate's
+# simulated ranks do not have; tests/test_ep_compile.py checks their rule on real gloo ranks
+COLLECTIVES = {"dtensor_rules.ep_dispatch.default", "dtensor_rules.ep_combine.default"}
+
+
 @pytest.mark.parametrize("name", shipped())
 def test_validate_resolves_every_shipped_rule(name: str) -> None:
+    if name in COLLECTIVES:  # validate says why it cannot run them
+        with pytest.raises(KeyError, match="no suite it accepts calls from"):
+            resolve(name)
+        return
     if name.startswith("torchtitan."):
         from tests._torchtitan import require_torchtitan
 

@@ -111,6 +111,12 @@ def _hand_derived() -> list[tuple[object, tuple, dict, tuple[int, int, int]]]:
         # int32 counts (4 experts x 2 ranks) read; permuted_indices[40] + m_sizes[4] + m_offsets[4] (int32),
         # given as one total, which the short form books as read
         (MOE, (torch.tensor([4, 0, 2, 3, 1, 0, 0, 5], dtype=torch.int32), 4, 2, 40, 8), {}, (0, 32 + 48 * 4, 0)),
+        # EP moves (short form, booked as read): fp32 rows of 16 bytes in and out, int64 (2, 1) splits (16);
+        # dispatch without rows: out rows estimated as the input's (5); combine: rows = 6 given
+        (torch.ops.dtensor_rules.ep_dispatch.default, (_t(5, 4), torch.tensor([[5], [5]]), "0"), {},
+         (0, 80 + 16 + 80, 0)),
+        (torch.ops.dtensor_rules.ep_combine.default, (_t(3, 4), torch.tensor([[6], [3]]), "0", 6), {},
+         (0, 48 + 16 + 96, 0)),
     ]
 
 

@@ -32,8 +32,9 @@ SAMPLES_PER_OP = 2
 
 
 # torchtitan's ops register when another test imports torchtitan (so not at a fixed time here) and
-# two of them have no CPU kernel: tests/test_torchtitan_ops.py runs their dispatch cases
-ELSEWHERE = ("dtensor_rules.ops.torchtitan_ops",)
+# two of them have no CPU kernel: tests/test_torchtitan_ops.py runs their dispatch cases; the EP token
+# moves are collectives over a named process group: tests/test_ep_compile.py runs them on gloo ranks
+ELSEWHERE = ("dtensor_rules.ops.torchtitan_ops", "dtensor_rules.ops.ep_all_to_all")
 
 
 def _shipped() -> list[torch._ops.OpOverload]:

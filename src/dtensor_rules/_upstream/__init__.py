@@ -118,6 +118,7 @@ from dtensor_rules._upstream.meta import (
     ensure_prims_fma,
     on_prims_fma_defined,
     prims_fma_defined,
+    unbacked_size,
 )
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -18,7 +18,33 @@ __all__ = [
     "ensure_prims_fma",
     "on_prims_fma_defined",
     "prims_fma_defined",
+    "unbacked_size",
 ]
+
+
+def unbacked_size() -> Any:
+    """A new unbacked row count for a custom op's fake implementation, under any Dynamo config.
+
+    ``torch.library.get_ctx().new_dynamic_size()`` refuses (``DynamicOutputShapeException``, a graph
+    break) unless ``capture_dynamic_output_shape_ops`` or ``fullgraph=True``: a guard for ops whose
+    kernels cannot run with data-dependent sizes. Upstream's own distributed op with a
+    data-dependent output (``device_mesh::_runtime_compute_coordinate_on_dim``) skips that check
+    the same way: create the unbacked SymInt on the context's shape env and mark it a size.
+    Without a shape env (plain fake mode, e.g. ``opcheck`` or DTensor's propagation) it raises
+    like ``new_dynamic_size``.
+    """
+    import torch
+    from torch.fx.experimental.symbolic_shapes import _constrain_range_for_size
+
+    ctx = torch.library.get_ctx()
+    if not hasattr(ctx, "_shape_env"):  # a renamed private: the public call (needs the Dynamo setting)
+        return ctx.new_dynamic_size()
+    shape_env = ctx._shape_env
+    if shape_env is None:
+        raise DynamicOutputShapeException(getattr(ctx, "_op", None))
+    size = shape_env.create_unbacked_symint()
+    _constrain_range_for_size(size, min=0)
+    return size
 
 
 def create_grouped_mm_output_tensor(mat_a: Any, mat_b: Any, offs: Any, out_dtype: Any) -> Any:

@@ -2,6 +2,8 @@
 
 - :func:`moe_permute_indices`: token indices grouped by local expert, padded per-expert
   group sizes and the ``offs`` of ``torch._grouped_mm`` (Triton on CUDA, torch elsewhere).
+- ``dtensor_rules::ep_dispatch`` / ``ep_combine`` (:mod:`dtensor_rules.kernels.ep_all_to_all`): the
+  expert-parallel token all-to-alls, each the other's backward, with an unbacked received row count.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from dtensor_rules.ops import (  # noqa: F401
     _hinted_costs,
     _symbolic_tracing,
     counting,
+    ep_all_to_all,
     fma,
     gather_scatter,
     grouped_mm,

@@ -15,3 +15,8 @@ HACKED_TWIN = (
     f"(the suites pass None indices); {NO_FORMULA}"
 )
 VIEW = "a view: no formula of its own, the generic 'view' family prices it (free)"
+COLLECTIVE = (
+    "a collective over a process group named in its arguments: the validator's simulated ranks have no such "
+    "group, so tests/test_ep_compile.py checks the rule on real gloo ranks (DTensor on the tp mesh dim, the "
+    "op's group the ep dim) against the op on the full tensor"
+)

@@ -7,8 +7,8 @@ all_gather counts the gathered result, a reduce_scatter its full input, an
 all_reduce its tensor, an all_to_all the larger of what it sends and receives), and
 splits forward from backward with ``CommDebugMode``'s own module tracker. On a simulated
 mesh (``LocalTensorMode``) it counts rank 0's pieces. The ragged moves' custom ops
-(``dtensor_rules::ragged_exchange``: an all_to_all, ``ragged_all_gather``: an all_gather) are
-counted as the collective they run inside (``CommDebugMode`` does not see into a custom op).
+(``dtensor_rules::ragged_exchange``: an all_to_all, ``ragged_all_gather``: an all_gather) and the
+EP token moves (``dtensor_rules::ep_dispatch`` / ``ep_combine``: an all_to_all each) are counted as the collective they run inside (``CommDebugMode`` does not see into a custom op).
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ from torch.utils._pytree import tree_leaves
 __all__ = ["CommBytesMode", "collective_name"]
 
 # the package's custom ops that are one collective each (their inner funcol calls are not seen)
-_CUSTOM_COLLECTIVES = {"dtensor_rules.ragged_exchange": "all_to_all", "dtensor_rules.ragged_all_gather": "all_gather"}
+_CUSTOM_COLLECTIVES = {"dtensor_rules.ragged_exchange": "all_to_all", "dtensor_rules.ragged_all_gather": "all_gather",
+                       "dtensor_rules.ep_dispatch": "all_to_all", "dtensor_rules.ep_combine": "all_to_all"}
+# ... of which only the first argument moves (the others are host split sizes, never sent)
+_ROWS_ONLY = {"dtensor_rules.ep_dispatch", "dtensor_rules.ep_combine"}
 
 
 def collective_name(func: Any) -> str:
@@ -67,11 +70,12 @@ class CommBytesMode(CommDebugMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         before = sum(self.comm_counts.values())
         out = super().__torch_dispatch__(func, types, args, kwargs)
-        custom = _CUSTOM_COLLECTIVES.get(str(getattr(func, "_overloadpacket", "")))
+        packet = str(getattr(func, "_overloadpacket", ""))
+        custom = _CUSTOM_COLLECTIVES.get(packet)
         if out is not NotImplemented and (custom or sum(self.comm_counts.values()) > before):
             phase = "backward" if self.advanced_module_tracker.is_bw else "forward"
             name = custom or collective_name(func)
-            size = max(_bytes((args, kwargs)), _bytes(out))
+            size = max(_bytes(args[0] if packet in _ROWS_ONLY else (args, kwargs)), _bytes(out))
             self.bytes[phase][name] += size
             self.calls[phase][name] += 1
             self.largest[name] = max(self.largest[name], size)
