@@ -23,17 +23,19 @@ backward syncs. A device ``splits`` also works, at one sync per op call.
 ``group`` is a process group's name (``ProcessGroup.group_name``), as funcol's ops take it.
 Under ``LocalTensorMode`` (a simulated mesh) each op runs once on the simulated ranks'
 LocalTensors, its all-to-all simulated across them, never once per rank. Under ``CommDebugMode``
-the all-to-all inside is counted like funcol's (``c10d_functional.all_to_all_single``).
+the all-to-all inside is counted like funcol's (``c10d_functional.all_to_all_single``), registered once
+``torch.distributed.tensor.debug`` is loaded (:func:`count_under_comm_debug_mode`).
 The DTensor rule is in ``dtensor_rules/ops/ep_all_to_all.py``.
 """
 
 from __future__ import annotations
 
+import sys
+
 from typing import Any
 
 import torch
 from torch import Tensor
-from torch.distributed.tensor.debug import CommDebugMode
 
 from dtensor_rules._upstream import funcol, unbacked_size
 from dtensor_rules._upstream.ragged import on_local_tensor_mode
@@ -140,5 +142,25 @@ def _counted(mode: Any, func: Any, types: Any, args: tuple[Any, ...] = (), kwarg
     return funcol.wait_tensor(mode.__torch_dispatch__(a2a, types, (x.contiguous(), out_splits, in_splits, group), {}))
 
 
-for _op in (torch.ops.dtensor_rules.ep_dispatch.default, torch.ops.dtensor_rules.ep_combine.default):
-    torch.library.register_torch_dispatch(_op, CommDebugMode, _counted)
+_counted_under: list[type] = []  # the CommDebugMode class the rule is registered for, once it is
+
+
+def count_under_comm_debug_mode() -> None:
+    """Register :func:`_counted` for ``CommDebugMode`` once ``torch.distributed.tensor.debug`` is loaded.
+
+    Not at ``import dtensor_rules``: that module costs ~0.8 s (it imports triton and Dynamo), and a
+    user who opens a ``CommDebugMode`` has imported it already. So the callers of the ops
+    (``ep_local``, the DTensor handler) call this first: a dict lookup once registered, nothing
+    while compiling (the mode does not trace).
+    """
+    if _counted_under or torch.compiler.is_compiling():
+        return
+    debug = sys.modules.get("torch.distributed.tensor.debug")
+    if debug is None:
+        return
+    for op in (torch.ops.dtensor_rules.ep_dispatch.default, torch.ops.dtensor_rules.ep_combine.default):
+        torch.library.register_torch_dispatch(op, debug.CommDebugMode, _counted)
+    _counted_under.append(debug.CommDebugMode)
+
+
+count_under_comm_debug_mode()

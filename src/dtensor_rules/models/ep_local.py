@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from dtensor_rules._upstream import funcol
 
 from dtensor_rules.kernels import moe_permute_indices, permuted_length_bound
-from dtensor_rules.kernels.ep_all_to_all import ep_combine_op, ep_dispatch_op
+from dtensor_rules.kernels.ep_all_to_all import count_under_comm_debug_mode, ep_combine_op, ep_dispatch_op
 
 # (x_grouped (L, dim), offs (E_l,) int32 group ends, w1, w3, w2 local) -> (L, dim)
 ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -110,6 +110,7 @@ def ep_dispatch(x: torch.Tensor, idx: torch.Tensor, n_experts: int, alignment: i
     rows = x[torch.div(order, k, rounding_mode="floor")]
     send_splits = recv_splits = None
     if custom_ops:
+        count_under_comm_debug_mode()
         received = ep_dispatch_op(rows, splits, group.group_name)
     else:
         send_splits, recv_splits = _host_lists(splits)

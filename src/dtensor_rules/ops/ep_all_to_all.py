@@ -40,7 +40,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
 from dtensor_rules._upstream import dispatch_slow_path
-from dtensor_rules.kernels.ep_all_to_all import ep_combine_op, ep_dispatch_op
+from dtensor_rules.kernels.ep_all_to_all import count_under_comm_debug_mode, ep_combine_op, ep_dispatch_op
 from dtensor_rules.ops._common import PlacementOrHole, metas, nbytes
 from dtensor_rules.ops._gaps import COLLECTIVE
 from dtensor_rules.ops._partial import partial_ops
@@ -73,6 +73,7 @@ def ep_exchange_flops(x: torch.Tensor, splits: torch.Tensor, group: str, rows: A
 
 def ep_exchange_handler(op: Any, args: Any, kwargs: Any) -> Any:
     """DTensor dispatch: refuse the group's own mesh dim, replicate ``splits``, fill in ``rows``."""
+    count_under_comm_debug_mode()
     x, splits, group, rows = _args(args, kwargs)
     if not isinstance(x, DTensor):
         raise ValueError(f"{op}: x must be the DTensor (splits and group describe its rows), got {type(x).__name__}")
