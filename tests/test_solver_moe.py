@@ -281,8 +281,11 @@ HAND_EP = {"gate": (_R, _R), "w1": (Shard(0), Shard(2)), "w3": (Shard(0), Shard(
            "shared_w1": (_R, Shard(0)), "shared_w3": (_R, Shard(0)), "shared_w2": (_R, Shard(1))}
 
 
-@pytest.mark.parametrize("shape, params", [((2, 4), EP_ON_DIM_1), ((4, 8), EP_ON_DIM_1), ((4, 8), HAND_EP)],
-                         ids=["2x4 ep on dim 1", "4x8 (32 ranks) ep on dim 1", "4x8 hand EP"])
+@pytest.mark.parametrize("shape, params", [
+    ((2, 4), EP_ON_DIM_1),
+    pytest.param((4, 8), EP_ON_DIM_1, marks=pytest.mark.slow),  # 32 simulated ranks: ~4 s each
+    pytest.param((4, 8), HAND_EP, marks=pytest.mark.slow),
+], ids=["2x4 ep on dim 1", "4x8 (32 ranks) ep on dim 1", "4x8 hand EP"])
 def test_expert_parallel_choices_on_any_mesh_dim_run_on_the_ragged_path(shape, params) -> None:
     """An EP layout whose ep is mesh dim 1 runs on the ragged path too (tokens Shard(0) on that dim),
     on up to 32 simulated ranks: output and every gradient equal one device, expert gradients keep
