@@ -91,6 +91,7 @@ from dtensor_rules._upstream.tensors import (
     spec_of,
 )
 from dtensor_rules._upstream.collectives import (
+    ALL_TO_ALL_SINGLE,
     SHARD_TO_PARTIAL_SUM_RUNS,
     flatten_mesh,
     funcol,
@@ -105,7 +106,7 @@ from dtensor_rules._upstream.collectives import (
     swap_partial_partition,
 )
 from dtensor_rules._upstream.tracing import keep_first_symbol_record, restore_symbol_record
-from dtensor_rules._upstream.hinted_costs import price_on_hints, price_symbolically, pricing_on_hints
+from dtensor_rules._upstream.hinted_costs import price_on_hints, price_symbolically
 from dtensor_rules._upstream.mask import IndexMaskPartial, MaskPartial, assert_async
 from dtensor_rules._upstream.measured import verdict as measured_verdict
 from dtensor_rules._upstream.meta import (

@@ -18,6 +18,7 @@ from torch.distributed.tensor._collective_utils import redistribute_cost  # full
 from torch.distributed.tensor.placement_types import Partial, Shard
 
 __all__ = [
+    "ALL_TO_ALL_SINGLE",
     "SHARD_TO_PARTIAL_SUM_RUNS",
     "funcol",
     "one_step_redistribute_cost",
@@ -36,6 +37,9 @@ __all__ = [
 # from torch 2.14; 2.13 raises "not supported yet". No release runs Shard -> another Partial, or
 # one Partial kind -> another, and ``redistribute_cost`` prices all of them infinite.
 SHARD_TO_PARTIAL_SUM_RUNS: bool = hasattr(Shard, "_to_partial_tensor")
+
+# the op funcol's ``all_to_all_single`` dispatches: what ``CommDebugMode`` counts an all-to-all as
+ALL_TO_ALL_SINGLE = torch.ops._c10d_functional.all_to_all_single.default
 
 
 def shard_all_gather(local: torch.Tensor, mesh: DeviceMesh, mesh_dim: int, dim: int, logical: Sequence[int]) -> Any:

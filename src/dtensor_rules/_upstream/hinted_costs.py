@@ -33,7 +33,7 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._ops import utils as _ops_utils
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 
-__all__ = ["UNBACKED_FALLBACK", "hinted_spec", "price_on_hints", "price_symbolically", "pricing_on_hints"]
+__all__ = ["UNBACKED_FALLBACK", "hinted_spec", "price_on_hints", "price_symbolically"]
 
 # An unbacked size (a data-dependent token count) has no example value; inductor's default
 # ``unbacked_symint_fallback`` is the same number.
@@ -82,11 +82,6 @@ def _priced_on_hints(current: DTensorSpec, target: DTensorSpec) -> float:
             _memo.clear()
         cost = _memo[key] = _saved[-1](a, b)
     return cost
-
-
-def pricing_on_hints() -> bool:
-    """Is the patch in effect?"""
-    return _ops_utils.redistribute_cost is _priced_on_hints
 
 
 def price_on_hints() -> None:

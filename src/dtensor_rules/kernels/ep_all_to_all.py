@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dtensor_rules._upstream import funcol, unbacked_size
+from dtensor_rules._upstream import ALL_TO_ALL_SINGLE, funcol, unbacked_size
 from dtensor_rules._upstream.ragged import on_local_tensor_mode
 
 __all__ = ["ep_dispatch_op", "ep_combine_op", "DISPATCH_NAME", "COMBINE_NAME"]
@@ -116,12 +116,17 @@ ep_dispatch_op.register_autograd(_dispatch_backward, setup_context=_setup)
 ep_combine_op.register_autograd(_combine_backward, setup_context=_setup)
 
 
+def _directions(splits: Tensor, transpose: bool) -> tuple[list[int], list[int]]:
+    """(output, input) split sizes of the all-to-all, unchecked: per-rank ints under LocalTensorMode."""
+    send, recv = splits.tolist()
+    return (send, recv) if transpose else (recv, send)
+
+
 def _simulated(transpose: bool) -> Any:
     """The op's body on LocalTensors: the split sizes are per-rank ints there (no Python checks)."""
 
     def run(x: Tensor, splits: Tensor, group: str, rows: int | None = None) -> Tensor:
-        send, recv = splits.tolist()
-        out_splits, in_splits = (send, recv) if transpose else (recv, send)
+        out_splits, in_splits = _directions(splits, transpose)
         return funcol.wait_tensor(funcol.all_to_all_single(x.contiguous(), out_splits, in_splits, group))
 
     return run
@@ -135,11 +140,10 @@ def _counted(mode: Any, func: Any, types: Any, args: tuple[Any, ...] = (), kwarg
     """Under ``CommDebugMode`` the op's all-to-all goes through the mode, which counts it as
     ``c10d_functional.all_to_all_single`` (a mode sees a custom op, not the collective inside)."""
     x, splits, group = args[:3]
-    send, recv = splits.tolist()  # no checks: per-rank ints when LocalTensorMode runs below this mode
-    transpose = func is torch.ops.dtensor_rules.ep_combine.default
-    out_splits, in_splits = (send, recv) if transpose else (recv, send)
-    a2a = torch.ops._c10d_functional.all_to_all_single.default
-    return funcol.wait_tensor(mode.__torch_dispatch__(a2a, types, (x.contiguous(), out_splits, in_splits, group), {}))
+    # no checks: per-rank ints when LocalTensorMode runs below this mode
+    out_splits, in_splits = _directions(splits, transpose=func is torch.ops.dtensor_rules.ep_combine.default)
+    return funcol.wait_tensor(mode.__torch_dispatch__(ALL_TO_ALL_SINGLE, types,
+                                                      (x.contiguous(), out_splits, in_splits, group), {}))
 
 
 _counted_under: list[type] = []  # the CommDebugMode class the rule is registered for, once it is
