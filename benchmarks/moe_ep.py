@@ -1,8 +1,7 @@
 """Communication volume and per-rank expert memory: the ``shard_moe`` gather path vs expert parallelism.
 
-Three paths: ``gather`` (``shard_moe``: DTensor's rules gather experts and tokens), ``ragged``
-(``shard_moe(ragged=True)``: EP through RaggedShard placements, plain DTensor code) and ``ep``
-(``expert_parallel``: the hand-written region).
+Two paths: ``gather`` (``shard_moe``: DTensor's rules gather experts and tokens) and ``ep``
+(``expert_parallel``: tokens by all-to-all, experts never gathered).
 
 For ep in {2, 4} (real gloo ranks, mesh (ep, tp=1)), one forward+backward of the same
 MoE block, measured on rank 0 with ``dtensor_rules.testing.comm.CommBytesMode``
@@ -53,7 +52,7 @@ def _measure(rank: int, world: int, path: str, tokens: int) -> Measure:
     logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
     mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("ep", "tp"))
     model = MoE(MoEConfig(**CONFIG))
-    model = expert_parallel(model, mesh) if path == "ep" else shard_moe(model, mesh, ragged=path == "ragged")
+    model = expert_parallel(model, mesh) if path == "ep" else shard_moe(model, mesh)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(tokens, CONFIG["dim"], generator=g)
     cot = torch.randn(tokens, CONFIG["dim"], generator=g)
@@ -95,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = []
     for ep in args.ep or [2, 4]:
-        for path in ("gather", "ragged", "ep"):
+        for path in ("gather", "ep"):
             rows.append(run_gloo(_measure, ep, path, args.tokens)[0])
     c = CONFIG
     print(f"MoE dim {c['dim']}, hidden {c['hidden']}, {c['n_experts']} experts, top-{c['top_k']}, "

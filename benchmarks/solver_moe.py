@@ -11,8 +11,8 @@ compare; "ours-full" is our rules with the solver-mode trim off (the full enumer
 ``dtensor_rules.core.solver_rows``), what solvers got before issue 19 item 6. Printed per mesh: ILP variables and constraints, CBC solve time, query+pricing time,
 objective (us per step, modelled), and the chosen expert placement; then every parameter's
 layout, run on the small block in fp32 on a simulated mesh of that shape (at most 8 ranks) and
-compared with one device. "ours+EP" adds the expert-parallel rows (``solver/ragged_rows.py``: tokens
-``RaggedShard`` between permute and combine, experts ``Shard(0)``; ragged sizes priced as an even split,
+compared with one device. "ours+EP" adds the expert-parallel rows (``solver/ep_rows.py``: routed-rows
+labels between permute and combine, experts ``Shard(0)``; routed sizes priced as an even split,
 i.e. expected-uniform routing), so the ILP may choose expert parallelism; "hand EP" prices
 ``expert_parallel``'s fixed layout with the same model (parameters fixed, the permute/dispatch/grouped-matmul/
 combine nodes held to their EP rows, the rest placed by the ILP; no memory cap). "applied" runs the parameter
@@ -52,7 +52,7 @@ LITE_TOKENS = 16384
 SMALL = MoEConfig(dim=16, hidden=32, n_experts=8, top_k=2, gmm_dtype=torch.bfloat16)
 SMALL_TOKENS = 64
 MESHES = ((8,), (2, 4), (4, 8))
-# ours: solver-mode rows as shipped; ours+EP: plus the expert-parallel (RaggedShard) rows of solver/ragged_rows.py;
+# ours: solver-mode rows as shipped; ours+EP: plus the expert-parallel (routed-rows) rows of solver/ep_rows.py;
 # hand EP: expert_parallel's fixed layout (experts Shard(0) on mesh dim 0, TP on dim 1) priced by the same model;
 # ours-full: every row (core.solver_rows.full_enumeration); upstream: torch's rules
 RULES = ("ours", "ours+EP", "hand EP", "ours-full", "upstream")
@@ -107,7 +107,7 @@ def run(config: MoEConfig, tokens: int, meshes: tuple, cap_fraction: float | Non
                 try:
                     with full_enumeration(rules == "ours-full"):
                         c = choose_placements(model, x, mesh, memory_cap=None if rules == "hand EP" else cap, joint=jg,
-                                              ragged=rules == "ours+EP",
+                                              ep_rows=rules == "ours+EP",
                                               hand_ep=hand_ep_layout(len(shape)) if rules == "hand EP" else None)
                 finally:
                     dtensor_rules.install()

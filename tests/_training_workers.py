@@ -39,7 +39,7 @@ OPTIMIZERS = {
     "adamw": OptimizerSpec(torch.optim.AdamW, {"lr": 1e-2}, frozenset({"w3", "w2", "shared_w1", "shared_w3"})),
 }
 # tokens per model: the gather path (shard_moe) cannot flatten uneven token shards; EP can
-TOKENS = {"shard_moe": 20, "shard_moe_ragged": 21, "expert_parallel": 21}
+TOKENS = {"shard_moe": 20, "expert_parallel": 21}
 
 
 class Curve(NamedTuple):
@@ -86,12 +86,12 @@ def train_single(opt: str, tokens: int) -> Curve:
 
 
 def distribute(model: MoE, kind: str, mesh: DeviceMesh) -> MoE:
-    """A copy of ``model`` laid out by ``shard_moe`` (gather or ragged) or ``expert_parallel`` on ``mesh``."""
+    """A copy of ``model`` laid out by ``shard_moe`` (the gather path) or ``expert_parallel`` on ``mesh``."""
     from dtensor_rules.models import expert_parallel, shard_moe
 
     model = copy.deepcopy(model)
-    if kind in ("shard_moe", "shard_moe_ragged"):  # the second: expert parallel as RaggedShard placements
-        return shard_moe(model, mesh, ragged=kind == "shard_moe_ragged")
+    if kind == "shard_moe":
+        return shard_moe(model, mesh)
     return expert_parallel(model, mesh, tp_dim="tp" if mesh.ndim == 2 else None)
 
 

@@ -36,8 +36,6 @@ SHIPPED = {
     "flop_registry": True,
     "deferred_fma": True,
     "per_rank_generators": True,
-    "ragged_redistribute": True,
-    "ragged_guard": True,
     "torchtitan_rules": True,
 }
 ON_BY_DEFAULT = {n for n, required in SHIPPED.items() if required} | {"hinted_strategy_costs"}
@@ -181,8 +179,8 @@ def test_uninstall_gives_back_torchs_own_objects_and_later_imports_stay_pristine
         installed = snapshot()
         changed = same(pristine, installed)
         assert {"tracker", "partition", "shallow_copy", "slow_path", "meta_step", "inductor_prims", "meta_path",
-                "per_rank_run", "per_rank_map", "redistribute", "redistribute_local", "distribute",
-                "strategy_pricing"} <= set(changed), changed
+                "per_rank_run", "per_rank_map", "strategy_pricing"} <= set(changed), changed
+        assert not {"redistribute", "redistribute_local", "distribute"} & set(changed), changed  # torch's own
         dtensor_rules.uninstall()
         assert same(pristine, snapshot()) == [], same(pristine, snapshot())
         assert all(s.state == "off" for s in dtensor_rules.status().patches.values())
@@ -212,3 +210,55 @@ def test_no_install_changes_nothing_in_torch() -> None:
         assert why == "not installed when torch._inductor.inductor_prims is imported: patch 'deferred_fma' is off", why
         print("OK")
     """), DTENSOR_RULES_NO_INSTALL="1")
+
+
+# the names DTensor's redistribution and distribution go through; no patch of the package replaces any of them
+MOVE_NAMES = ("redistribute_local_tensor", "distribute_tensor", "redistribute")
+
+
+@pytest.mark.slow
+def test_import_leaves_dtensors_redistribute_and_distribute_as_torchs_own() -> None:
+    """After ``import dtensor_rules`` (rules and default patches installed), ``DTensor.redistribute``,
+    every module binding of ``redistribute_local_tensor`` and ``distribute_tensor`` (scanned over
+    every loaded ``torch.distributed.tensor`` module, ``_api``/``_dispatch``/``_redistribute``
+    among them) and every class attribute of those names are the objects torch alone made."""
+    proc = subprocess.run([sys.executable, "-c", (
+        "import torch.distributed.tensor as t, torch.distributed.tensor._redistribute as r; "
+        "a=(t.DTensor.redistribute, r.redistribute_local_tensor, t.distribute_tensor); import dtensor_rules; "
+        "print(a == (t.DTensor.redistribute, r.redistribute_local_tensor, t.distribute_tensor))")],
+        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=600)
+    assert proc.returncode == 0 and proc.stdout.split() == ["True"], proc.stdout + proc.stderr[-3000:]
+    run_fresh(textwrap.dedent(f"""
+        import sys
+        import torch.distributed.tensor
+        from torch.distributed.tensor import _api, _dispatch, _redistribute  # noqa: F401
+
+        NAMES = {MOVE_NAMES!r}
+
+        def bindings():
+            out = {{}}
+            for name, mod in list(sys.modules.items()):
+                if not name.startswith("torch.distributed.tensor") or mod is None:
+                    continue
+                for attr, value in list(vars(mod).items()):
+                    if attr in NAMES:
+                        out[(name, attr)] = value
+                    elif isinstance(value, type) and value.__module__.startswith("torch.distributed.tensor"):
+                        for n in NAMES:
+                            if n in vars(value):
+                                out[(name, f"{{attr}}.{{n}}")] = vars(value)[n]
+            return out
+
+        before = bindings()
+        assert {{("torch.distributed.tensor._api", "redistribute_local_tensor"),
+                 ("torch.distributed.tensor._dispatch", "redistribute_local_tensor"),
+                 ("torch.distributed.tensor._redistribute", "redistribute_local_tensor"),
+                 ("torch.distributed.tensor", "distribute_tensor"), ("torch.distributed.tensor._api", "distribute_tensor"),
+                 ("torch.distributed.tensor", "DTensor.redistribute")}} <= set(before), sorted(before)
+        import dtensor_rules
+        after = bindings()
+        changed = sorted(k for k in before if after[k] is not before[k])
+        assert not changed, changed
+        assert all(not getattr(v, "__module__", "").startswith("dtensor_rules") for v in after.values())
+        print("OK")
+    """))

@@ -153,7 +153,7 @@ def test_benchmark_prints_the_table_and_runs_each_choice() -> None:
     assert all(float(a.rsplit("applied: ", 1)[1].split()[0]) < 1e-5 for a in applied)
 
 
-# Expert parallelism in the space (solver/ragged_rows.py). Tokens and widths big enough that moves are
+# Expert parallelism in the space (solver/ep_rows.py). Tokens and widths big enough that moves are
 # priced by bandwidth rather than latency (the 32-token block above is latency-bound: TP wins there).
 EP_TRACE = MoEConfig(dim=256, hidden=512, n_experts=8, top_k=2, gmm_dtype=torch.bfloat16)
 EP_TOKENS = 4096
@@ -176,8 +176,8 @@ def _chosen_out(choice, node: str):
     return choice.problem.choices[node].rows[choice.solution.choice[node]].outs[0]
 
 
-def test_ragged_rows_let_the_ilp_choose_expert_parallel_under_a_memory_cap(ep_joint) -> None:
-    from dtensor_rules.ragged import RaggedShard
+def test_ep_rows_let_the_ilp_choose_expert_parallel_under_a_memory_cap(ep_joint) -> None:
+    from dtensor_rules.solver.ep_rows import RoutedRows
     from dtensor_rules.solver import total_cost
 
     model, x, jg = ep_joint
@@ -186,7 +186,7 @@ def test_ragged_rows_let_the_ilp_choose_expert_parallel_under_a_memory_cap(ep_jo
     with fake_world(4):
         mesh = init_device_mesh("cpu", (4,))
         plain = choose_placements(model, x, mesh, joint=jg, memory_cap=cap)
-        ep = choose_placements(model, x, mesh, joint=jg, memory_cap=cap, ragged=True)
+        ep = choose_placements(model, x, mesh, joint=jg, memory_cap=cap, ep_rows=True)
     assert ep.fallbacks == ()
     assert _param_bytes(model, ep.params, (4,)) <= cap
     assert [ep.params[w] for w in ("w1", "w3", "w2")] == [(Shard(0),)] * 3  # experts split over ranks
@@ -195,24 +195,24 @@ def test_ragged_rows_let_the_ilp_choose_expert_parallel_under_a_memory_cap(ep_jo
     weight_grads = [n for n in grouped if type(_chosen_out(ep, n)[0]) is Shard]
     rows = [n for n in grouped if n not in weight_grads]
     assert len(weight_grads) == 3 and len(rows) == 4  # 3 forward + 1 grad-input grouped matmul run on token rows
-    assert all(_chosen_out(ep, n) == (RaggedShard(0, 8, True),) for n in rows)  # aligned: each rank its experts' rows
+    assert all(_chosen_out(ep, n) == (RoutedRows(0, 8, True),) for n in rows)  # aligned: each rank its experts' rows
     assert all(_chosen_out(ep, n) == (Shard(0),) for n in weight_grads)
     assert ep.objective_us < plain.objective_us  # a larger space, and EP is cheaper here
     assert total_cost(ep.problem, ep.solution.choice) == pytest.approx(ep.objective_us, rel=1e-6)
 
 
 def test_hand_ep_is_priced_with_its_dispatch_and_the_free_choice_is_no_dearer(ep_joint) -> None:
-    from dtensor_rules.ragged import RaggedShard
+    from dtensor_rules.solver.ep_rows import RoutedRows
 
     model, x, jg = ep_joint
     hand = {"w1": (Shard(0),), "w3": (Shard(0),), "w2": (Shard(0),), "gate": (Replicate(),)}
     with fake_world(4):
         mesh = init_device_mesh("cpu", (4,))
         fixed = choose_placements(model, x, mesh, joint=jg, hand_ep=hand)
-        free = choose_placements(model, x, mesh, joint=jg, ragged=True)
+        free = choose_placements(model, x, mesh, joint=jg, ep_rows=True)
     assert all(fixed.params[k] == v for k, v in hand.items())
     p, s = fixed.problem, fixed.solution
-    ru, ra = RaggedShard(0, 8, False), RaggedShard(0, 8, True)
+    ru, ra = RoutedRows(0, 8, False), RoutedRows(0, 8, True)
     moves = {(e.layouts[e.producer_u[s.choice[e.producer]]], p.choices[e.consumer].rows[s.choice[e.consumer]].ins[e.arg])
              for e in p.edges}
     assert ((ru,), (ra,)) in moves and ((ra,), (ru,)) in moves  # dispatch and combine, both priced
@@ -252,7 +252,7 @@ def test_the_expert_parallel_choice_runs_through_expert_parallel_and_equals_one_
     replicated = _param_bytes(model, {n: (Replicate(),) for n, _ in model.named_parameters()}, (4,))
     with fake_world(4):
         ep = choose_placements(model, x, init_device_mesh("cpu", (4,)), joint=jg, memory_cap=0.3 * replicated,
-                               ragged=True)
+                               ep_rows=True)
     config = MoEConfig(dim=16, hidden=32, n_experts=EP_TRACE.n_experts, top_k=2)  # same experts, small widths
     xs = torch.randn(TOKENS, config.dim, generator=torch.Generator().manual_seed(7))
     cot = torch.randn(TOKENS, config.dim, generator=torch.Generator().manual_seed(8))
@@ -264,15 +264,15 @@ def test_the_expert_parallel_choice_runs_through_expert_parallel_and_equals_one_
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, msg=name)
 
 
-def test_a_ragged_row_prices_each_rank_on_its_own_share_of_the_index() -> None:
+def test_an_ep_row_prices_each_rank_on_its_own_share_of_the_index() -> None:
     """The permute ``x[token]`` in an expert-parallel row (x ``Shard(0)``, ids ``Replicate`` ->
-    ``RU(0)``): in the ragged region each rank gathers only its own tokens' rows, so it costs
+    ``RU(0)``): in the EP region each rank gathers only its own tokens' rows, so it costs
     what the same gather on a quarter of the ids does (ids ``Shard(0)``), not the whole-index
     gather (4x the rows) it was priced at before."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from dtensor_rules._upstream import TensorMeta
-    from dtensor_rules.ragged import RaggedShard
+    from dtensor_rules.solver.ep_rows import RoutedRows
     from dtensor_rules.solver.query import Row
 
     x = torch.empty(16384, 2048, device="meta")  # solver_moe.py's layer: 16384 tokens, top 6
@@ -283,10 +283,10 @@ def test_a_ragged_row_prices_each_rank_on_its_own_share_of_the_index() -> None:
     S, R = Shard(0), Replicate()
     with fake_world(4):
         pricer = Pricer(init_device_mesh("cpu", (4,)))
-        ragged = pricer.compute_us(node, Row(((RaggedShard(0, 8, False),),), ((S,), (R,))), metas)
+        routed = pricer.compute_us(node, Row(((RoutedRows(0, 8, False),),), ((S,), (R,))), metas)
         own = pricer.compute_us(node, Row(((S,),), ((S,), (S,))), metas)
         whole = pricer.compute_us(node, Row(((R,),), ((S,), (R,))), metas)
-    assert ragged == own and whole > 3.5 * own
+    assert routed == own and whole > 3.5 * own
 
 
 # the expert-parallel layouts the solver chose on the DeepSeek-V2-Lite-like layer (docs/solver.md):

@@ -42,10 +42,10 @@ def breakdown(c, top: int = 6) -> str:
 
 
 def _pl(layout) -> str:
-    """``bench._pl`` with ragged placements told apart: RU(d) unaligned (before dispatch), RA(d) aligned."""
-    from dtensor_rules.ragged import RaggedShard
+    """``bench._pl`` with the routed-rows labels told apart: RU(d) unaligned (before dispatch), RA(d) aligned."""
+    from dtensor_rules.solver.ep_rows import RoutedRows
 
-    return "(" + ", ".join((f"RA({p.dim})" if p.aligned else f"RU({p.dim})") if isinstance(p, RaggedShard)
+    return "(" + ", ".join((f"RA({p.dim})" if p.aligned else f"RU({p.dim})") if isinstance(p, RoutedRows)
                            else bench._pl((p,))[1:-1] for p in layout) + ")"
 
 
@@ -58,7 +58,7 @@ def main(shape_text: str) -> None:
     jg = trace_joint(model, x)
     with fake_world(math.prod(shape)):
         mesh = init_device_mesh("cpu", shape)
-        for name, kw in (("ours+EP", dict(ragged=True)), ("hand EP", dict(hand_ep=bench.hand_ep_layout(len(shape))))):
+        for name, kw in (("ours+EP", dict(ep_rows=True)), ("hand EP", dict(hand_ep=bench.hand_ep_layout(len(shape))))):
             c = choose_placements(model, x, mesh, joint=jg, **kw)
             print(f"{shape} {name}: experts " + "/".join(bench._pl(c.params[w]) for w in ("w1", "w3", "w2")))
             print(breakdown(c), flush=True)

@@ -74,7 +74,6 @@ def load() -> None:
     _loaded = True
     _check_torch()
     from dtensor_rules import ops  # noqa: F401  (the one place that loads the shipped rules)
-    from dtensor_rules import ragged  # noqa: F401  (the ragged placement's moves and named patches)
     from dtensor_rules import registry
     from dtensor_rules.redistribute import distribute_tensor, plan
     from dtensor_rules.redistribute import redistribute as redistribute_with_order

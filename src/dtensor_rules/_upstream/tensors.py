@@ -31,6 +31,7 @@ __all__ = [
     "maybe_run_for_local_tensor",
     "mesh_coordinate",
     "num_devices_per_host",
+    "on_local_tensor_mode",
     "per_rank_copies",
     "per_rank_run_hooks",
     "rank_map",
@@ -120,3 +121,18 @@ class _PerRankRunHooks:
 
 
 per_rank_run_hooks = _PerRankRunHooks()
+
+
+def on_local_tensor_mode(op: Any, impl: Any) -> None:
+    """Run custom op ``op`` under ``LocalTensorMode`` as ``impl(*args)`` on the LocalTensors themselves.
+
+    LocalTensorMode runs an unknown op once per rank on that rank's tensor, which is wrong for an
+    op that is a collective; ``impl`` (the op's own Python body, made of functional collectives
+    that LocalTensorMode simulates across ranks) runs once for all ranks instead.
+    """
+
+    def rule(mode: Any, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+        # not ``with mode``: re-entering the same LocalTensorMode instance leaves it disabled on exit
+        return impl(*args, **(kwargs or {}))
+
+    torch.library.register_torch_dispatch(op, LocalTensorMode, rule)

@@ -20,10 +20,6 @@ reaches this code after its first (cache-filling) call, so it stays on DTensor's
    (``gather`` with a masked index: ``ops/gather_mask.py``) computes its result here from the
    sharding just chosen; the result is not a sharding, so DTensor caches nothing and every call
    like it comes back here, while the op's other layouts are cached and stay on the fast path.
-
-4. A call with a ``RaggedShard`` input (tokens of an EP block) runs the ragged lift rule
-   (:mod:`dtensor_rules.ragged.lift`): its result is returned, not a sharding, so every such call
-   comes back here and its output takes the input's ragged context (the sizes the combine needs).
 """
 
 from __future__ import annotations
@@ -36,8 +32,6 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Replicate
 
 from torch.utils import _pytree as pytree
-
-from dtensor_rules.ragged.lift import has_ragged_spec, ragged_call
 
 from dtensor_rules._upstream import (
     cache_miss_wrapped,
@@ -139,8 +133,6 @@ def _out_layout_error(op_call: Any, args: tuple[Any, ...], kwargs: dict[str, Any
 
 def _on_miss(original: Callable[..., Any]) -> Callable[..., Any]:
     def on_cache_miss(op_call: Any, args: Any, kwargs: Any, *rest: Any) -> Any:
-        if rest and rest[0].schema is not None and has_ragged_spec(rest[0].schema):
-            return ragged_call(op_call, args, kwargs, rest[0])  # never cached: its output takes the input's context
         if not kwargs and op_call is not _INDEX and op_call not in _FINISHERS:
             return original(op_call, args, kwargs, *rest)  # nothing of ours to do: straight through
         if op_call is _INDEX and len(args) > 1 and isinstance(args[1], (list, tuple)) and any(is_mask(i) for i in args[1]):

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from dtensor_rules._upstream import ALL_TO_ALL_SINGLE, funcol, unbacked_size
-from dtensor_rules._upstream.ragged import on_local_tensor_mode
+from dtensor_rules._upstream.tensors import on_local_tensor_mode
 
 __all__ = ["ep_dispatch_op", "ep_combine_op", "DISPATCH_NAME", "COMBINE_NAME"]
 

@@ -282,7 +282,7 @@ class MoE(nn.Module):
         return x2.new_zeros(T, c.dim).scatter_add(0, token.unsqueeze(-1).expand(-1, c.dim), contrib)
 
 
-def shard_moe(module: MoE, mesh: torch.distributed.device_mesh.DeviceMesh, ragged: bool = False) -> MoE:
+def shard_moe(module: MoE, mesh: torch.distributed.device_mesh.DeviceMesh) -> MoE:
     """Distribute ``module``'s parameters in place on a 2-D mesh ``("ep", "tp")``.
 
     ==============  ===========  ===========  ==============================================
@@ -297,10 +297,8 @@ def shard_moe(module: MoE, mesh: torch.distributed.device_mesh.DeviceMesh, ragge
     ==============  ===========  ===========  ==============================================
 
     Tokens are data-parallel: shard the input with ``Shard(0)`` over "ep" (``Replicate`` over "tp").
-
-    ``ragged=True``: the routed experts run expert parallel as plain DTensor code with ``RaggedShard``
-    placements (``models/ragged_moe.py``: tokens dispatched by ``redistribute``, no all-gather);
-    without it DTensor's rules all-gather experts and tokens.
+    DTensor's rules then all-gather experts and tokens; ``expert_parallel`` places the block the
+    same way and moves the tokens by all-to-all instead.
     """
     from torch.distributed.tensor import Replicate, Shard
 
@@ -319,10 +317,6 @@ def shard_moe(module: MoE, mesh: torch.distributed.device_mesh.DeviceMesh, ragge
         "shared_w3": (R, Shard(0)),
         "shared_w2": (R, Shard(1)),
     }
-    if ragged:
-        from dtensor_rules.models.ragged_moe import ragged_routed_experts
-
-        module.routed_region = ragged_routed_experts
     return distribute_params(module, mesh, plan, (R, R))
 
 

@@ -71,8 +71,6 @@ from dtensor_rules.dispatch.custom_handler import rule_dispatch
 from dtensor_rules.ops._schema_args import row, schema_arg
 from dtensor_rules.ops.scan import linear_partials
 from dtensor_rules.registry import register
-from dtensor_rules.ragged.counting import ragged_bincount
-from dtensor_rules.ragged.grouped import is_ragged_call
 
 aten = torch.ops.aten
 HISTC = [aten.histc.default, aten.histc.out]
@@ -117,14 +115,7 @@ def bincount_dtype(weights_dtype: torch.dtype, self_numel: Any) -> torch.dtype:
     return weights_dtype if weights_dtype in (torch.float32, torch.float64) else torch.float64
 
 
-def bincount_handler(op: Any, args: Any, kwargs: Any) -> Any:
-    """``rule_dispatch``; ragged ids (routed expert ids under EP) run the ragged rule (``ragged/counting.py``)."""
-    if is_ragged_call(args, kwargs):
-        return ragged_bincount(op, args, kwargs)
-    return rule_dispatch(op, args, kwargs)
-
-
-@register(aten.bincount.default, cost=bincount_cost, samples=suite("counting", "bincount_samples"), handler=bincount_handler)
+@register(aten.bincount.default, cost=bincount_cost, samples=suite("counting", "bincount_samples"), handler=rule_dispatch)
 @register(aten.bincount.out, gaps=ALIASED_UNPRICED, handler=rule_dispatch)
 def bincount_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Replicated self; Partial(sum/avg) floating weights give a Partial(sum/avg) histogram."""

@@ -84,7 +84,6 @@ from dtensor_rules.core.grouped_mm_checks import (  # noqa: F401  (kernel_accept
 from dtensor_rules.core.suite_ref import suite
 from dtensor_rules.costs.formulas.matmul import grouped_mm_cost
 from dtensor_rules.registry import register
-from dtensor_rules.ragged.grouped import is_ragged_call, ragged_grouped_mm
 
 aten = torch.ops.aten
 GROUPED_MM = aten._grouped_mm.default
@@ -175,10 +174,7 @@ def _aligned_local(t: torch.Tensor) -> torch.Tensor:
 
 def grouped_mm_handler(op: Any, args: Any, kwargs: Any) -> Any:
     """DTensor dispatch for ``_grouped_mm``: upstream's path, plus an aligned copy of any local
-    operand whose layout (after redistribution) the kernel would reject. A call with a ragged operand
-    (tokens after an EP dispatch) runs the ragged rule (``dtensor_rules.ragged.grouped``)."""
-    if is_ragged_call(args, kwargs):
-        return ragged_grouped_mm(op, args, kwargs)
+    operand whose layout (after redistribution) the kernel would reject."""
     return dispatch_with_local_fix(op, args, kwargs, _aligned_local)
 
 

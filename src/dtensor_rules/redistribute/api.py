@@ -27,7 +27,6 @@ from dtensor_rules.redistribute.cache import BY_SRC, PlanKey, lookup, recall, re
 from dtensor_rules.redistribute.executor import execute
 from dtensor_rules.redistribute.layout import DeviceOrder, Layout
 from dtensor_rules.redistribute.planner import Plan, PlanContext, build_plan
-from dtensor_rules.redistribute.ragged_steps import has_ragged, ragged_plan
 from dtensor_rules.redistribute.topology import Topology
 
 __all__ = ["plan", "redistribute", "distribute_tensor", "layout_of", "local_shard_offsets"]
@@ -97,11 +96,6 @@ def _plan_args(others: tuple, src_placements: Sequence[Placement], dst_placement
     for name, pl in (("src_placements", src_placements), ("dst_placements", dst_placements)):
         if len(tuple(pl)) != len(mesh_shape):
             raise ValueError(f"{name} has {len(tuple(pl))} entries for a {len(mesh_shape)}-D mesh {mesh_shape}")
-    if has_ragged(src_placements) or has_ragged(dst_placements):
-        if src_device_order is not None or dst_device_order is not None or max_peak_bytes is not None:
-            raise ValueError("a ragged plan takes the default device order and no memory cap")
-        return ragged_plan(mesh_shape, shape, dtype, src_placements, dst_placements,
-                           topology or _uniform(len(mesh_shape)), plan)
     ndim = len(tuple(shape))
     src = Layout.from_placements(src_placements, ndim, src_device_order)
     dst = Layout.from_placements(dst_placements, ndim, dst_device_order)

@@ -21,7 +21,6 @@ class NoPlanError(ValueError):
 @dataclass(frozen=True)
 class Step:
     collective: str  # all_gather | reduce_scatter | all_reduce | all_to_all | chunk | partition
-    # | ragged moves (ragged_steps.py): dispatch | combine | all_gather_v | select
     mesh_dims: tuple[int, ...]  # group, major first (its order matters for shard moves)
     src_dim: int | None  # tensor dim gathered / moved from (None for P/R sources)
     dst_dim: int | None  # tensor dim chunked / scattered into (None for R/P targets)
@@ -42,12 +41,11 @@ class Plan:
     peak_bytes: int
     reduce_op: str = "sum"
     expanded: int = field(default=0, compare=False)
-    src_text: str = ""  # the start layout's text when State cannot say it (a ragged placement)
 
     def explain(self) -> str:
         """A readable step table: collective, mesh dims, bytes, cost, layout after."""
         rows = [("step", "collective", "mesh dims", "bytes", "cost_us", "layout after")]
-        rows.append(("0", "start", "", "", "", self.src_text or format_state(self.src, len(self.mesh_shape))))
+        rows.append(("0", "start", "", "", "", format_state(self.src, len(self.mesh_shape))))
         for i, s in enumerate(self.steps, 1):
             dims = ",".join(map(str, s.mesh_dims))
             rows.append((str(i), s.collective, f"({dims})", str(s.bytes), f"{s.cost_us:.1f}", s.after_text))

@@ -18,7 +18,7 @@ from dtensor_rules.solver.ilp import Solution, solve
 from dtensor_rules.solver.price import Pricer
 from dtensor_rules.solver.problem import Problem, build_problem
 from dtensor_rules.solver.query import Layout, query_graph
-from dtensor_rules.solver.ragged_rows import add_ragged_rows
+from dtensor_rules.solver.ep_rows import add_ep_rows
 from dtensor_rules.solver.trace import JointGraph, trace_joint
 
 __all__ = ["Choice", "choose_placements", "param_layouts"]
@@ -45,15 +45,16 @@ def param_layouts(problem: Problem, solution: Solution) -> dict[str, Layout]:
 
 def choose_placements(module: nn.Module, x: torch.Tensor, mesh: DeviceMesh, *, memory_cap: float | None = None,
                       input_layout: Layout | None = None, hardware: str = "h100",
-                      joint: JointGraph | None = None, ragged: bool = False,
+                      joint: JointGraph | None = None, ep_rows: bool = False,
                       hand_ep: dict[str, Layout] | None = None) -> Choice:
     """One placement per node of ``module(x)``'s training step on ``mesh`` (``x`` may be fake or meta).
 
     ``input_layout`` fixes the input (and the output's tangent); default: data parallel, tokens
     ``Shard(0)`` on every mesh dim (AutoParallel's default). ``memory_cap``: rank-0 bytes of all
     parameters together. ``joint``: a graph already traced by :func:`trace_joint` (reused across
-    meshes and rule sets). ``ragged``: add the expert-parallel rows (``solver/ragged_rows.py``:
-    ``RaggedShard`` tokens between permute and combine, experts ``Shard(0)``), so EP is in the space.
+    meshes and rule sets). ``ep_rows``: add the expert-parallel rows (``solver/ep_rows.py``:
+    routed-rows labels between permute and combine, experts ``Shard(0)``), so EP is in the space;
+    run such a choice with ``apply_choice(..., ep=True)``.
     ``hand_ep``: a hand expert-parallel layout priced by the same model: these parameter layouts
     fixed, ep = mesh dim 0, and the permute/dispatch/grouped-matmul/combine nodes offered only
     their expert-parallel rows (the solver still places everything else).
@@ -66,9 +67,9 @@ def choose_placements(module: nn.Module, x: torch.Tensor, mesh: DeviceMesh, *, m
     if hand_ep is not None:
         fixed.update({node: [tuple(hand_ep[p])] for p, node in zip(jg.params, ph) if p in hand_ep})
     strategies = query_graph(jg.graph, mesh, fixed)
-    if ragged or hand_ep is not None:
-        strategies = add_ragged_rows(jg.graph, strategies, mesh, ep_dims=(0,) if hand_ep is not None else None,
-                                     force=hand_ep is not None)
+    if ep_rows or hand_ep is not None:
+        strategies = add_ep_rows(jg.graph, strategies, mesh, ep_dims=(0,) if hand_ep is not None else None,
+                                  force=hand_ep is not None)
     problem = build_problem(jg, strategies, Pricer(mesh, hardware), mesh)
     query_s = time.perf_counter() - t0
     sol = solve(problem, memory_cap)

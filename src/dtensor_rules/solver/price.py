@@ -21,10 +21,10 @@ from torch.utils import _pytree as pytree
 
 from dtensor_rules._upstream import DTensorSpec, TensorMeta, compute_local_shape_and_global_offset, redistribute_cost
 from dtensor_rules.costs import OpCost, estimate_call, runtime
-from dtensor_rules.ragged.placement import is_ragged
 from dtensor_rules.redistribute import plan
-from dtensor_rules.redistribute.ragged_steps import has_ragged, ragged_plan
 from dtensor_rules.redistribute.topology import Topology
+from dtensor_rules.solver.ep_moves import ep_move_us, has_routed
+from dtensor_rules.solver.ep_rows import is_routed
 from dtensor_rules.solver.query import Layout, Row
 
 __all__ = ["Pricer", "local_bytes"]
@@ -38,9 +38,9 @@ SYNC_US = 20.0
 def local_shape(meta: TensorMeta, mesh: DeviceMesh, layout: Layout) -> tuple[int, ...]:
     """Rank 0's local shape: the largest shard of ``meta`` laid out as ``layout``.
 
-    A ``RaggedShard`` dim is read as an even ``Shard`` of it (expected-uniform routing: no
-    routing is known on fake tensors; upstream's local-shape function refuses an unaligned one)."""
-    layout = tuple(Shard(p.dim) if is_ragged(p) else p for p in layout)
+    A routed rows label (``solver/ep_rows.py``) is read as an even ``Shard`` of its dim
+    (expected-uniform routing: no routing is known on fake tensors)."""
+    layout = tuple(Shard(p.dim) if is_routed(p) else p for p in layout)
     shape, _ = compute_local_shape_and_global_offset(meta.shape, tuple(mesh.shape), [0] * mesh.ndim, layout)
     return tuple(shape)
 
@@ -71,11 +71,11 @@ class Pricer:
         return cost
 
     def _edge_uncached(self, meta: TensorMeta, src: Layout, dst: Layout) -> float:
-        if has_ragged(src) or has_ragged(dst):  # dispatch / combine / all_gather_v / select
+        if has_routed(src) or has_routed(dst):  # dispatch / combine / all_gather_v / select
             try:
-                return float(ragged_plan(tuple(self.mesh.shape), tuple(meta.shape), meta.dtype, src, dst,
-                                         Topology.uniform(self.mesh.ndim), plan, skew=1.0, sync_us=self.sync_us).cost_us)
-            except Exception:  # noqa: BLE001  e.g. ragged on two mesh dims, or other mesh dims changed by a dispatch
+                return float(ep_move_us(tuple(self.mesh.shape), tuple(meta.shape), meta.dtype, src, dst,
+                                        Topology.uniform(self.mesh.ndim), plan, skew=1.0, sync_us=self.sync_us))
+            except Exception:  # noqa: BLE001  e.g. labels on two mesh dims, or other mesh dims changed by a dispatch
                 return INF
         try:
             return float(plan(self.mesh, tuple(meta.shape), meta.dtype, src, dst).cost_us)
@@ -89,7 +89,7 @@ class Pricer:
 
     def compute_us(self, node: fx.Node, row: Row, metas: tuple[TensorMeta, ...]) -> float:
         """Roofline time of ``node`` on rank 0's local inputs under ``row``."""
-        ins = _ragged_index_ins(row, metas)
+        ins = _routed_index_ins(row, metas)
         locals_ = tuple(local_shape(m, self.mesh, lay) for m, lay in zip(metas, ins))
         key = (node.target, locals_, tuple(m.dtype for m in metas), _static_args(node))
         cost = self._compute.get(key)
@@ -108,20 +108,20 @@ class Pricer:
         return runtime(cost, self.hardware) * 1e6
 
 
-def _ragged_index_ins(row: Row, metas: tuple[TensorMeta, ...]) -> tuple[Layout, ...]:
-    """``row.ins`` with each integer input that is ``Replicate`` on a mesh dim where the row is ragged
-    read as ``Shard(0)`` there.
+def _routed_index_ins(row: Row, metas: tuple[TensorMeta, ...]) -> tuple[Layout, ...]:
+    """``row.ins`` with each integer input that is ``Replicate`` on a mesh dim where the row holds
+    routed rows read as ``Shard(0)`` there.
 
-    The expert-parallel rows (``solver/ragged_rows.py``) describe the ragged region, where a rank
+    The expert-parallel rows (``solver/ep_rows.py``) describe the EP region, where a rank
     permutes, pads and combines only its own partition rows: the token ids, destinations and group
     offsets it uses are its own share, not the replicated whole the row names (a row cannot say
     "the same index, cut to my rows"). Priced at the whole, every rank would pay ep times the
     gather / index_put / scatter_add work it does."""
-    ragged = {m for lay in (*row.ins, *(o for o in row.outs if o is not None)) for m, p in enumerate(lay) if is_ragged(p)}
-    if not ragged:
+    routed = {m for lay in (*row.ins, *(o for o in row.outs if o is not None)) for m, p in enumerate(lay) if is_routed(p)}
+    if not routed:
         return row.ins
     return tuple(
-        tuple(Shard(0) if m in ragged and p.is_replicate() else p for m, p in enumerate(lay))
+        tuple(Shard(0) if m in routed and p.is_replicate() else p for m, p in enumerate(lay))
         if len(meta.shape) and not (meta.dtype.is_floating_point or meta.dtype.is_complex or meta.dtype == torch.bool)
         else lay
         for lay, meta in zip(row.ins, metas))

@@ -6,9 +6,9 @@ adds the bytes of the larger of its tensor input and its tensor output (an
 all_gather counts the gathered result, a reduce_scatter its full input, an
 all_reduce its tensor, an all_to_all the larger of what it sends and receives), and
 splits forward from backward with ``CommDebugMode``'s own module tracker. On a simulated
-mesh (``LocalTensorMode``) it counts rank 0's pieces. The ragged moves' custom ops
-(``dtensor_rules::ragged_exchange``: an all_to_all, ``ragged_all_gather``: an all_gather) and the
-EP token moves (``dtensor_rules::ep_dispatch`` / ``ep_combine``: an all_to_all each) are counted as the collective they run inside (``CommDebugMode`` does not see into a custom op).
+mesh (``LocalTensorMode``) it counts rank 0's pieces. The EP token moves
+(``dtensor_rules::ep_dispatch`` / ``ep_combine``: an all_to_all each) are counted as the collective
+they run inside (``CommDebugMode`` does not see into a custom op).
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from torch.utils._pytree import tree_leaves
 __all__ = ["CommBytesMode", "collective_name"]
 
 # the package's custom ops that are one collective each (their inner funcol calls are not seen)
-_CUSTOM_COLLECTIVES = {"dtensor_rules.ragged_exchange": "all_to_all", "dtensor_rules.ragged_all_gather": "all_gather",
-                       "dtensor_rules.ep_dispatch": "all_to_all", "dtensor_rules.ep_combine": "all_to_all"}
+_CUSTOM_COLLECTIVES = {"dtensor_rules.ep_dispatch": "all_to_all", "dtensor_rules.ep_combine": "all_to_all"}
 # ... of which only the first argument moves (the others are host split sizes, never sent)
 _ROWS_ONLY = {"dtensor_rules.ep_dispatch", "dtensor_rules.ep_combine"}
 

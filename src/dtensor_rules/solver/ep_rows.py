@@ -1,10 +1,13 @@
-"""Hand-made expert-parallel rows for the solver: ``RaggedShard`` layouts between permute and combine.
+"""Expert-parallel rows for the solver: the routed rows between permute and combine, as solver labels.
 
-Why here and not from DTensor's propagator: the ragged code (``dtensor_rules.ragged``) runs as
-dispatch handlers on real DTensors (it needs the routing counts), so no rule answers a solver's
-query with a ``RaggedShard`` row. These rows describe what that code does, per node of the
-traced block, on one expert-parallel mesh dim ``m`` (any mesh dim whose size divides the number
-of experts ``E``); every other mesh dim keeps what the row says there:
+Why here and not from DTensor's propagator: no DTensor placement can describe the routed rows
+(their split over ranks is data: the routing counts; docs/design/ep_runtime_decision.md), so no
+rule answers a solver's query with such a row. These rows describe what ``expert_parallel``'s
+region does (``models/ep_local.py``), per node of the traced block, on one expert-parallel mesh
+dim ``m`` (any mesh dim whose size divides the number of experts ``E``), with the label
+:class:`RoutedRows` on ``m``: ``RU`` (unaligned: each rank its own tokens' assignment rows, sorted
+by expert, before the dispatch) and ``RA`` (aligned: each rank the rows of its own experts, after
+it). Every other mesh dim keeps what the row says there:
 
 - ``index(data, [idx])`` (the token permute ``x[token]``, and ``out_pad[dest]`` after the
   combine): data ``Shard(0)`` or unaligned -> unaligned rows ``RU(0)``, the index replicated;
@@ -14,30 +17,60 @@ of experts ``E``); every other mesh dim keeps what the row says there:
 - ``_grouped_mm``: aligned rows (``RA``) x experts ``Shard(0)`` -> aligned rows (forward and
   grad-input), and aligned x aligned -> expert-sharded ``Shard(0)`` (grad-weight); ``offs``
   replicated (each rank reads its own experts' ends); TP-style combos on the other mesh dims;
-- ``new_zeros`` & co. (they read only their input's dtype): a ragged input, a replicated output;
-- pointwise / cast / (un)squeeze / sum / transpose: every plain row that shards the ragged rows
+- ``new_zeros`` & co. (they read only their input's dtype): a routed input, a replicated output;
+- pointwise / cast / (un)squeeze / sum / transpose: every plain row that shards the routed rows
   dim on ``m`` gets a copy with that ``Shard`` read as ``RU`` and one read as ``RA``.
 
-The dispatch (``RU -> RA``) and combine (``RA -> RU``) are then edges the planner prices
-(``redistribute.ragged_steps``). Routing tensors (ints) never get ragged rows: they stay as the
-rules place them. Sizes are priced as an even split (expected-uniform routing): the solver
-works on fake tensors, so no routing is known.
+The dispatch (``RU -> RA``) and combine (``RA -> RU``) are then edges priced by
+``solver/ep_moves.py`` (counts all-to-all, host sync, token all-to-all). Routing tensors (ints)
+never get these rows: they stay as the rules place them. Sizes are priced as an even split
+(expected-uniform routing): the solver works on fake tensors, so no routing is known. A choice
+made of these rows runs through ``expert_parallel`` (``solver.apply_choice(..., ep=True)``).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import fx
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
-from dtensor_rules.ragged.placement import RaggedShard
 from dtensor_rules.solver.query import Layout, NodeRows, Row, Strategies, out_layouts
 
-__all__ = ["add_ragged_rows", "ragged_info"]
+__all__ = ["RoutedRows", "add_ep_rows", "ep_info", "is_routed"]
+
+
+@dataclass(frozen=True)
+class RoutedRows:
+    """Solver label (never a DTensor placement) for tensor dim ``dim`` made of the routed assignment
+    rows, split over the ep mesh dim by expert (``num_experts`` partitions): unaligned (each rank a
+    slice of every expert's rows: its own tokens') or aligned (each rank whole experts: its own)."""
+
+    dim: int
+    num_experts: int
+    aligned: bool
+
+    def is_shard(self, dim: int | None = None) -> bool:  # not a DTensor Shard: its chunks are data-sized
+        return False
+
+    def is_replicate(self) -> bool:
+        return False
+
+    def is_partial(self, reduce_op: str | None = None) -> bool:
+        return False
+
+    def __str__(self) -> str:
+        return f"{'RA' if self.aligned else 'RU'}({self.dim})"
+
+
+def is_routed(placement: object) -> bool:
+    """True for a :class:`RoutedRows` label."""
+    return isinstance(placement, RoutedRows)
+
 
 aten = torch.ops.aten
 R, P = Replicate(), Partial("sum")
@@ -51,9 +84,9 @@ _GMM_3D = ((R, R, R), (R, Shard(2), Shard(1)), (Shard(1), Shard(1), P), (P, R, P
 _GMM_2D = ((R, R, R), (R, Shard(1), Shard(2)), (Shard(0), R, Shard(1)), (P, R, P), (R, P, P))
 
 
-def ragged_info(gm: fx.GraphModule) -> tuple[int, frozenset[int]] | None:
+def ep_info(gm: fx.GraphModule) -> tuple[int, frozenset[int]] | None:
     """``(E, lengths)``: the number of experts (a ``_grouped_mm``'s 3-D operand) and the row counts
-    a ragged dim may have (the grouped rows, the permuted assignment rows); None without experts."""
+    a routed rows dim may have (the grouped rows, the permuted assignment rows); None without experts."""
     E, lens = None, set()
     for n in gm.graph.nodes:
         if n.target is aten._grouped_mm.default and _val(n.args[1]).ndim == 3 and _val(n.args[0]).ndim == 2:
@@ -64,15 +97,15 @@ def ragged_info(gm: fx.GraphModule) -> tuple[int, frozenset[int]] | None:
     return None if E is None else (E, frozenset(lens))
 
 
-def add_ragged_rows(gm: fx.GraphModule, strategies: Strategies, mesh: DeviceMesh, *,
-                    ep_dims: tuple[int, ...] | None = None, force: bool = False) -> Strategies:
+def add_ep_rows(gm: fx.GraphModule, strategies: Strategies, mesh: DeviceMesh, *,
+                ep_dims: tuple[int, ...] | None = None, force: bool = False) -> Strategies:
     """``strategies`` with the expert-parallel rows added (module docstring); unchanged without experts.
 
     ``ep_dims``: the mesh dims that may be ep (default: every one whose size divides ``E``).
     ``force``: the nodes with hand-made rows (permute, index_put, combine, grouped matmuls) keep
     only those, so the layout is expert parallel by construction (a hand EP priced like the rest).
     """
-    info = ragged_info(gm)
+    info = ep_info(gm)
     if info is None:
         return strategies
     E, lens = info
@@ -85,10 +118,10 @@ def add_ragged_rows(gm: fx.GraphModule, strategies: Strategies, mesh: DeviceMesh
         if node.op != "call_function":
             continue
         extra = [r for m in ep_dims for r in _rows(node, nr, m, mesh.ndim, E, lens)]
-        if node.target in _SHAPE_ONLY and nr.sources:  # reads its input's dtype only: any ragged layout, free
+        if node.target in _SHAPE_ONLY and nr.sources:  # reads its input's dtype only: any routed layout, free
             extra += [Row((tuple(R for _ in lay),), (lay,) + nr.rows[0].ins[1:])
                       for lay in out_layouts(out[nr.sources[0].node], nr.sources[0].index)
-                      if any(isinstance(p, RaggedShard) for p in lay)]
+                      if any(is_routed(p) for p in lay)]
         if force and extra and node.target in _HAND:
             out[name] = nr._replace(rows=list(dict.fromkeys(extra)))
             continue
@@ -120,7 +153,7 @@ def _rows(node: fx.Node, nr: NodeRows, m: int, ndim: int, E: int, lens: frozense
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor) or not val.is_floating_point():
         return []
-    RU, RA = RaggedShard(0, E, False), RaggedShard(0, E, True)
+    RU, RA = RoutedRows(0, E, False), RoutedRows(0, E, True)
     metas = nr.metas
     rows: list[Row] = []
     if t is aten._grouped_mm.default and len(metas) == 3:
@@ -132,7 +165,7 @@ def _rows(node: fx.Node, nr: NodeRows, m: int, ndim: int, E: int, lens: frozense
         elif len(a.shape) == 2 and len(b.shape) == 2 and a.shape[1] in lens and b.shape[0] in lens:  # grad weight
             for x, g, o in _others(ndim, _GMM_2D):
                 rows.append(Row((_lay(ndim, m, Shard(0), o),),
-                                (_lay(ndim, m, RaggedShard(1, E, True), x), _lay(ndim, m, RA, g),
+                                (_lay(ndim, m, RoutedRows(1, E, True), x), _lay(ndim, m, RA, g),
                                  _lay(ndim, m, R, (R,) * (ndim - 1)))))
         return rows
     keep = ((R, R), (P, P))  # (data, out) on another mesh dim: replicated, or a linear op of a partial sum
@@ -161,7 +194,7 @@ def _rows(node: fx.Node, nr: NodeRows, m: int, ndim: int, E: int, lens: frozense
 
 
 def _substituted(row: Row, val: torch.Tensor, metas: tuple, m: int, E: int, lens: frozenset[int]) -> list[Row]:
-    """``row`` with its ``Shard`` of the ragged rows dim on mesh dim ``m`` read as RU, and as RA."""
+    """``row`` with its ``Shard`` of the routed rows dim on mesh dim ``m`` read as RU, and as RA."""
     if len(row.outs) != 1 or row.outs[0] is None:
         return []
     shapes = (tuple(val.shape), *(tuple(mt.shape) for mt in metas))
@@ -169,11 +202,11 @@ def _substituted(row: Row, val: torch.Tensor, metas: tuple, m: int, E: int, lens
     dims = []
     for shape, lay in zip(shapes, lays):
         p = lay[m]
-        if not isinstance(p, Shard) or type(p) is not Shard or shape[p.dim] not in lens:
+        if type(p) is not Shard or shape[p.dim] not in lens:
             return []
         dims.append(p.dim)
     out = []
     for aligned in (False, True):
-        new = [tuple(RaggedShard(d, E, aligned) if i == m else q for i, q in enumerate(lay)) for d, lay in zip(dims, lays)]
+        new = [tuple(RoutedRows(d, E, aligned) if i == m else q for i, q in enumerate(lay)) for d, lay in zip(dims, lays)]
         out.append(Row((new[0],), tuple(new[1:])))
     return out
