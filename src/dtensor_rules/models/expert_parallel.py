@@ -85,8 +85,9 @@ class BorrowedEPMesh(NamedTuple):
     group: dist.ProcessGroup
 
 
-def _placements(ep: EPMesh, on_ep: Placement, on_tp: Placement, other: Placement = Replicate()) -> tuple[Placement, ...]:
-    return tuple(on_ep if i == ep.ep_dim else on_tp if i == ep.tp_dim else other for i in range(ep.mesh.ndim))
+def _placements(ep: EPMesh, on_ep: Placement, on_tp: Placement) -> tuple[Placement, ...]:
+    """``on_ep`` on the ep dim, ``on_tp`` on the tp dim, ``Replicate`` on any other."""
+    return tuple(on_ep if i == ep.ep_dim else on_tp if i == ep.tp_dim else Replicate() for i in range(ep.mesh.ndim))
 
 
 def token_placements(mesh: DeviceMesh, ep_dim: str | int = "ep", tp_dim: str | int | None = "tp", *,
@@ -152,9 +153,9 @@ def routed_experts_ep(moe: nn.Module | EPAdapter, ep: EPMesh, x: DTensor, idx: D
     """The routed experts of ``moe`` (a block or its :class:`EPAdapter`) on DTensor tokens by expert parallelism.
 
     ``x`` (..., dim), ``idx`` (..., k) and ``weights`` (..., k) are ``Shard(0)`` on ep and
-    ``Replicate`` on tp (redistributed to that if not); the leading dims are flattened per
-    rank. The result (same shape as ``x``) is ``Shard(0)`` on ep and ``Partial`` on tp
-    (``Replicate`` without a tp dim).
+    ``Replicate`` on tp and any other dim (redistributed to that if not); the leading dims are
+    flattened per rank. The result (same shape as ``x``) is ``Shard(0)`` on ep, ``Partial`` on
+    tp and ``Replicate`` on any other dim.
 
     The same contract as ``local_map(ep_routed_experts, out_placements, in_placements,
     in_grad_placements)``, written out with ``to_local``/``from_local`` because
@@ -253,7 +254,7 @@ def _role_placements(ep: EPMesh, role: str, layout: str) -> tuple[Placement, ...
     }
     if role not in on_ep_tp:
         raise ValueError(f"unknown role {role!r}; use one of {sorted(on_ep_tp)}")
-    return _placements(ep, *on_ep_tp[role])  # Replicate on any other dim
+    return _placements(ep, *on_ep_tp[role])
 
 
 def expert_parallel(module: nn.Module, mesh: DeviceMesh, ep_dim: str | int = "ep", tp_dim: str | int | None = "tp",
@@ -312,16 +313,16 @@ def expert_parallel(module: nn.Module, mesh: DeviceMesh, ep_dim: str | int = "ep
     return module
 
 
-def _checked_placements(placements: dict[str, tuple[Placement, ...]], roles: dict[str, tuple[Placement, ...]],
+def _checked_placements(placements: dict[str, tuple[Placement, ...]], plan: dict[str, tuple[Placement, ...]],
                         mesh: DeviceMesh) -> dict[str, tuple[Placement, ...]]:
     """``placements`` as tuples, refused (ValueError naming the entry) where a name is not one of the
     block's parameters or buffers or a layout does not have one placement per mesh dim."""
     out = {}
     for name, lay in placements.items():
         lay = tuple(lay)
-        if name not in roles:
+        if name not in plan:
             raise ValueError(f"placements names {name!r}, which is not one of the block's parameters or buffers "
-                             f"{sorted(roles)}")
+                             f"{sorted(plan)}")
         if len(lay) != mesh.ndim or not all(isinstance(p, Placement) for p in lay):
             raise ValueError(f"placements[{name!r}] = {lay} must hold one Placement per mesh dim ({mesh.ndim})")
         out[name] = lay
