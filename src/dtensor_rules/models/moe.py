@@ -123,6 +123,13 @@ class MoE(nn.Module):
         self.aux_loss: torch.Tensor | None = None
         self.init_weights(0)
 
+    def __getstate__(self) -> dict:
+        """The module's state without the last forward's loss: it belongs to that forward's autograd
+        graph, which ``copy.deepcopy`` and pickling cannot copy; a copy computes its own loss."""
+        state = super().__getstate__()
+        state["aux_loss"] = None
+        return state
+
     def init_weights(self, seed: int) -> None:
         """Deterministic init from ``seed`` (a private generator; the global RNG is untouched).
 
