@@ -53,7 +53,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 
-from dtensor_rules.models.ep_adapters import EPAdapter, adapter_for
+from dtensor_rules.models.ep_adapters import EPAdapter, adapter_for, resolve_adapter
+from dtensor_rules.models.ep_checks import check_block, check_tokens_before_forward, mesh_name_error
 from dtensor_rules.models.ep_local import ep_routed_experts
 
 __all__ = ["EPMesh", "BorrowedEPMesh", "borrowed_ep_mesh", "routed_experts_borrowed", "expert_parallel", "distribute_named", "routed_experts_ep", "token_placements", "expert_param_bytes"]
@@ -124,10 +125,7 @@ def _check_mesh(mesh: DeviceMesh, ep_dim: str, tp_dim: str | None) -> EPMesh:
     names = tuple(mesh.mesh_dim_names or ())
     wanted = (ep_dim,) if tp_dim is None or tp_dim not in names else (ep_dim, tp_dim)
     if ep_dim not in names or set(names) != set(wanted):
-        raise ValueError(
-            f"expert_parallel needs a mesh whose dims are named {wanted} (ep_dim={ep_dim!r}, tp_dim={tp_dim!r}), "
-            f"got dim names {names}; for FSDP2 pass the (ep, tp) submesh here and the dp dim to fully_shard"
-        )
+        raise mesh_name_error(mesh, ep_dim, tp_dim)
     return EPMesh(mesh, ep_dim, tp_dim if tp_dim in names else None)
 
 
@@ -247,7 +245,8 @@ def expert_parallel(module: nn.Module, mesh: DeviceMesh, ep_dim: str = "ep", tp_
     every dim, so no rank sends a token another rank also sends. ``ep_dim``/``tp_dim`` are
     ignored; there is no expert TP in this mode.
     """
-    a = adapter if adapter is not None else adapter_for(module)
+    a = resolve_adapter(module, adapter)
+    check_block(module, a)
     if ep_dims is not None:
         bep = borrowed_ep_mesh(mesh, ep_dims)
         n_ep = bep.group.size()
@@ -255,6 +254,7 @@ def expert_parallel(module: nn.Module, mesh: DeviceMesh, ep_dim: str = "ep", tp_
             raise ValueError(f"n_experts={a.n_experts} is not divisible by the ep size {n_ep} (ep_dims={bep.ep_dims})")
         distribute_named(module, mesh, {name: _borrowed_role_placements(bep, role) for name, role in a.roles().items()})
         a.install(functools.partial(routed_experts_borrowed, a, bep))
+        check_tokens_before_forward(module, a, f"token_placements(mesh, ep_dims={bep.ep_dims})")
         return module
     ep = _check_mesh(mesh, ep_dim, tp_dim)
     n_ep = mesh.size(mesh.mesh_dim_names.index(ep_dim))
@@ -270,6 +270,7 @@ def expert_parallel(module: nn.Module, mesh: DeviceMesh, ep_dim: str = "ep", tp_
     layout = a.experts().layout
     distribute_named(module, mesh, {name: _role_placements(ep, role, layout) for name, role in a.roles().items()})
     a.install(functools.partial(routed_experts_ep, a, ep))
+    check_tokens_before_forward(module, a, "token_placements(mesh" + (f", ep_dim={ep_dim!r})" if ep_dim != "ep" else ")"))
     return module
 
 
