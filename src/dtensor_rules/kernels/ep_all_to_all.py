@@ -36,8 +36,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
-from dtensor_rules._upstream import ALL_TO_ALL_SINGLE, funcol, unbacked_size
+from dtensor_rules._upstream import ALL_TO_ALL_SINGLE, FakeTensor, funcol, rank_tensors, unbacked_size
 from dtensor_rules._upstream.tensors import on_local_tensor_mode
 
 __all__ = ["ep_dispatch_op", "ep_combine_op", "DISPATCH_NAME", "COMBINE_NAME"]
@@ -122,10 +123,31 @@ def _directions(splits: Tensor, transpose: bool) -> tuple[list[int], list[int]]:
     return (send, recv) if transpose else (recv, send)
 
 
+def _without_moving(args: tuple[Any, ...], transpose: bool) -> Any:
+    """What a mode's rule (the simulated body, the ``CommDebugMode`` count) answers without moving
+    rows, or None when it must move them.
+
+    - A DTensor argument: ``NotImplemented`` (as ``LocalTensorMode`` itself answers a tensor subclass
+      it does not know). A mode sees the op before the subclass does, so this hands the call to the
+      DTensor rule (``ops/ep_all_to_all.py``), whose local call comes back to the mode.
+    - Fake tensors, or LocalTensors of them (that rule's shape step): there are no split sizes to
+      read, so the fake implementation answers.
+    """
+    x, splits = args[:2]
+    if isinstance(x, DTensor) or isinstance(splits, DTensor):
+        return NotImplemented
+    if isinstance(x, FakeTensor) or any(isinstance(t, FakeTensor) for t in (rank_tensors(x) or {}).values()):
+        return (_combine_fake if transpose else _dispatch_fake)(*args)
+    return None
+
+
 def _simulated(transpose: bool) -> Any:
     """The op's body on LocalTensors: the split sizes are per-rank ints there (no Python checks)."""
 
-    def run(x: Tensor, splits: Tensor, group: str, rows: int | None = None) -> Tensor:
+    def run(x: Tensor, splits: Tensor, group: str, rows: int | None = None) -> Any:
+        answer = _without_moving((x, splits, group, rows), transpose)
+        if answer is not None:
+            return answer
         out_splits, in_splits = _directions(splits, transpose)
         return funcol.wait_tensor(funcol.all_to_all_single(x.contiguous(), out_splits, in_splits, group))
 
@@ -139,9 +161,14 @@ on_local_tensor_mode(torch.ops.dtensor_rules.ep_combine.default, _simulated(tran
 def _counted(mode: Any, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
     """Under ``CommDebugMode`` the op's all-to-all goes through the mode, which counts it as
     ``c10d_functional.all_to_all_single`` (a mode sees a custom op, not the collective inside)."""
+    transpose = func is torch.ops.dtensor_rules.ep_combine.default
+    args = tuple(args) + tuple((kwargs or {}).values())
+    answer = _without_moving(args, transpose)
+    if answer is not None:
+        return answer
     x, splits, group = args[:3]
     # no checks: per-rank ints when LocalTensorMode runs below this mode
-    out_splits, in_splits = _directions(splits, transpose=func is torch.ops.dtensor_rules.ep_combine.default)
+    out_splits, in_splits = _directions(splits, transpose)
     return funcol.wait_tensor(mode.__torch_dispatch__(ALL_TO_ALL_SINGLE, types,
                                                       (x.contiguous(), out_splits, in_splits, group), {}))
 

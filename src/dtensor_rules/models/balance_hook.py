@@ -9,11 +9,18 @@ does for the package's own ``MoE``. Under ``expert_parallel`` the router runs on
 DTensors, so the loss is the global one on every rank (docs/expert_parallel.md).
 
 The hooks read the modules they are called with (no closure over the block), so a
-``copy.deepcopy`` of a hooked block computes its own loss.
+``copy.deepcopy`` of a hooked block computes its own loss. A loss is part of its forward's autograd
+graph, which ``deepcopy`` cannot copy (only graph leaves support it), so a hooked block gets an
+instance ``__deepcopy__`` that copies it without its last loss (the copy's ``aux_loss`` is None until
+its own forward). ``remove()`` clears ``aux_loss``: a loss left from the last hooked forward would
+otherwise be added to a later step's loss (a second backward through a freed graph, or a stale
+gradient).
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 from typing import Literal, NamedTuple
 
 import torch
@@ -28,14 +35,34 @@ _STASH = "_dtensor_rules_aux_loss"  # the router's last loss, until the block's 
 
 
 class BalanceLossHooks(NamedTuple):
-    """The two hooks :func:`add_balance_loss` registered; ``remove()`` turns the loss off."""
+    """The two hooks :func:`add_balance_loss` registered; ``remove()`` turns the loss off and clears
+    ``module.aux_loss``."""
 
     router: RemovableHandle
     block: RemovableHandle
+    module: nn.Module
 
     def remove(self) -> None:
         self.router.remove()
         self.block.remove()
+        self.module.__dict__.pop("__deepcopy__", None)
+        self.module.router.__dict__.pop(_STASH, None)
+        self.module.aux_loss = None
+
+
+def _deepcopy_without_loss(module: nn.Module, memo: dict[int, object]) -> nn.Module:
+    """``copy.deepcopy(module)`` with its last loss (and the router's stash) left out of the copy."""
+    held = {k: module.__dict__.pop(k) for k in ("__deepcopy__", "aux_loss") if k in module.__dict__}
+    stash = module.router.__dict__.pop(_STASH, None)
+    try:
+        twin = copy.deepcopy(module, memo)
+    finally:
+        module.__dict__.update(held)
+        if stash is not None:
+            setattr(module.router, _STASH, stash)
+    twin.aux_loss = None
+    twin.__deepcopy__ = functools.partial(_deepcopy_without_loss, twin)
+    return twin
 
 
 def add_balance_loss(module: nn.Module, mode: Literal["sequence", "batch"], alpha: float = 1e-4) -> BalanceLossHooks:
@@ -67,5 +94,10 @@ def add_balance_loss(module: nn.Module, mode: Literal["sequence", "batch"], alph
     def on_block(block: nn.Module, args: tuple, output: torch.Tensor) -> None:
         block.aux_loss = block.router.__dict__.pop(_STASH, None)
 
+    if "__deepcopy__" in module.__dict__:
+        raise ValueError(f"{type(module).__qualname__} already has a balance loss from add_balance_loss: call "
+                         "remove() on the hooks it returned before adding another")
     module.aux_loss = None
-    return BalanceLossHooks(router.register_forward_hook(on_router), module.register_forward_hook(on_block))
+    # copy.deepcopy looks __deepcopy__ up on the instance: the copy leaves the loss's graph behind
+    module.__deepcopy__ = functools.partial(_deepcopy_without_loss, module)
+    return BalanceLossHooks(router.register_forward_hook(on_router), module.register_forward_hook(on_block), module)

@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Role", "ExpertWeights", "Region", "EPAdapter", "OwnMoEAdapter", "TorchtitanMoEAdapter", "adapter_for"]
+__all__ = ["Role", "ExpertWeights", "Region", "EPAdapter", "OwnMoEAdapter", "TorchtitanMoEAdapter", "adapter_for",
+           "resolve_adapter"]
 
 # "expert_in": w1/w3, "expert_out": w2 (placements follow ExpertWeights.layout);
 # "replicate": every rank the same (router gate, biases); "colwise"/"rowwise": a Linear
@@ -87,6 +88,11 @@ class EPAdapter(Protocol):
     def install(self, region: Region) -> None:
         """Make the module's forward compute its routed experts with ``region``."""
         ...
+
+
+# the protocol's data members and methods, in declaration order (for the error naming what is missing)
+_PROTOCOL_MEMBERS = (*EPAdapter.__annotations__,
+                     *(n for n, v in vars(EPAdapter).items() if callable(v) and not n.startswith("_")))
 
 
 class OwnMoEAdapter:
@@ -183,6 +189,23 @@ class TorchtitanMoEAdapter:
 def _is_torchtitan_moe(module: nn.Module) -> bool:
     t = type(module)
     return t.__name__ == "MoE" and t.__module__.startswith("torchtitan.") and hasattr(module, "routed_experts")
+
+
+def resolve_adapter(module: nn.Module, adapter: object | None) -> EPAdapter:
+    """``adapter`` checked against the :class:`EPAdapter` protocol, or :func:`adapter_for` ``(module)`` if None.
+
+    A TypeError naming the fix for a class passed instead of an instance, and for an object that
+    lacks members of the protocol."""
+    if adapter is None:
+        return adapter_for(module)
+    if isinstance(adapter, type):
+        raise TypeError(f"adapter={adapter.__qualname__} is a class: pass an instance, "
+                        f"adapter={adapter.__qualname__}(module)")
+    if not isinstance(adapter, EPAdapter):
+        missing = [m for m in _PROTOCOL_MEMBERS if not hasattr(adapter, m)]
+        raise TypeError(f"adapter={type(adapter).__qualname__} lacks {missing} of "
+                        "dtensor_rules.models.ep_adapters.EPAdapter (docs/expert_parallel.md, 'Any MoE module')")
+    return adapter
 
 
 def adapter_for(module: nn.Module) -> EPAdapter:

@@ -41,6 +41,7 @@ from dtensor_rules._upstream import funcol
 
 from dtensor_rules.kernels import moe_permute_indices, permuted_length_bound
 from dtensor_rules.kernels.ep_all_to_all import count_under_comm_debug_mode, ep_combine_op, ep_dispatch_op
+from dtensor_rules.models.moe import check_compiled_gmm_dtype
 
 # (x_grouped (L, dim), offs (E_l,) int32 group ends, w1, w3, w2 local) -> (L, dim)
 ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -133,6 +134,7 @@ def local_experts(x_grouped: torch.Tensor, offs: torch.Tensor, w1: torch.Tensor,
     """SwiGLU of this rank's experts on their padded groups (rows past ``offs[-1]`` are not computed)."""
     if gmm_dtype is not None:
         x_grouped, w1, w3, w2 = (t.to(gmm_dtype) for t in (x_grouped, w1, w3, w2))
+    check_compiled_gmm_dtype(x_grouped.dtype)
     h = F.silu(torch._grouped_mm(x_grouped, w1, offs=offs)) * torch._grouped_mm(x_grouped, w3, offs=offs)
     return torch._grouped_mm(h, w2, offs=offs)
 

@@ -53,7 +53,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 
-from dtensor_rules.models.ep_adapters import EPAdapter, adapter_for
+from dtensor_rules.models.ep_adapters import EPAdapter, adapter_for, resolve_adapter
+from dtensor_rules.models.ep_checks import check_block, check_tokens_before_forward, mesh_name_error
 from dtensor_rules.models.ep_local import ep_routed_experts
 
 __all__ = ["EPMesh", "BorrowedEPMesh", "borrowed_ep_mesh", "routed_experts_borrowed", "expert_parallel", "distribute_named", "routed_experts_ep", "token_placements", "expert_param_bytes"]
@@ -140,6 +141,8 @@ def _check_mesh(mesh: DeviceMesh, ep_dim: str | int, tp_dim: str | int | None, o
     tp = None if tp_dim is None or (isinstance(tp_dim, str) and tp_dim not in names) else _dim_index(mesh, tp_dim)
     bad_tp = tp_dim is not None and not isinstance(tp_dim, str) and tp is None
     if ep is None or bad_tp or tp == ep or (not other_dims and mesh.ndim != 1 + (tp is not None)):
+        if isinstance(ep_dim, str) and (tp_dim is None or isinstance(tp_dim, str)):
+            raise mesh_name_error(mesh, ep_dim, tp_dim)
         wanted = (ep_dim,) if tp is None else (ep_dim, tp_dim)
         raise ValueError(
             f"expert_parallel needs a mesh whose dims are {wanted} (ep_dim={ep_dim!r}, tp_dim={tp_dim!r}; names or "
@@ -284,7 +287,8 @@ def expert_parallel(module: nn.Module, mesh: DeviceMesh, ep_dim: str | int = "ep
     every dim, so no rank sends a token another rank also sends. ``ep_dim``/``tp_dim`` are
     ignored; there is no expert TP in this mode.
     """
-    a = adapter if adapter is not None else adapter_for(module)
+    a = resolve_adapter(module, adapter)
+    check_block(module, a)
     if ep_dims is not None:
         bep = borrowed_ep_mesh(mesh, ep_dims)
         n_ep = bep.group.size()
@@ -292,6 +296,7 @@ def expert_parallel(module: nn.Module, mesh: DeviceMesh, ep_dim: str | int = "ep
             raise ValueError(f"n_experts={a.n_experts} is not divisible by the ep size {n_ep} (ep_dims={bep.ep_dims})")
         distribute_named(module, mesh, {name: _borrowed_role_placements(bep, role) for name, role in a.roles().items()})
         a.install(functools.partial(routed_experts_borrowed, a, bep))
+        check_tokens_before_forward(module, a, f"token_placements(mesh, ep_dims={bep.ep_dims})")
         return module
     ep = _check_mesh(mesh, ep_dim, tp_dim, other_dims=placements is not None)
     n_ep = mesh.size(ep.ep_dim)
@@ -310,6 +315,7 @@ def expert_parallel(module: nn.Module, mesh: DeviceMesh, ep_dim: str | int = "ep
         plan.update(_checked_placements(placements, plan, mesh))
     distribute_named(module, mesh, plan)
     a.install(functools.partial(routed_experts_ep, a, ep))
+    check_tokens_before_forward(module, a, "token_placements(mesh" + (f", ep_dim={ep_dim!r})" if ep_dim != "ep" else ")"))
     return module
 
 

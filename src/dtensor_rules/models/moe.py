@@ -49,7 +49,7 @@ from torch import nn
 
 from dtensor_rules.models.routing import balance_loss, node_limited, router_scores
 
-__all__ = ["MoEConfig", "MoE", "alignment_for", "shard_moe"]
+__all__ = ["MoEConfig", "MoE", "alignment_for", "check_compiled_gmm_dtype", "shard_moe"]
 
 
 def alignment_for(dtype: torch.dtype) -> int:
@@ -57,6 +57,20 @@ def alignment_for(dtype: torch.dtype) -> int:
     if dtype.itemsize == 1:  # fp8
         return 16
     return 8
+
+
+def check_compiled_gmm_dtype(dtype: torch.dtype) -> None:
+    """Under ``torch.compile``, refuse expert matmuls that are not bf16, naming the fix.
+
+    Compiled code runs ``_grouped_mm``'s meta kernel, which accepts only bf16 inputs on every
+    device (eager CPU accepts float32), and would otherwise fail deep in Dynamo's fake-tensor step.
+    """
+    if dtype != torch.bfloat16 and torch.compiler.is_compiling():
+        raise TypeError(
+            f"torch.compile: the routed experts compute in {dtype}, but compiled _grouped_mm accepts only "
+            "torch.bfloat16: set MoEConfig(gmm_dtype=torch.bfloat16) (the model and tokens may stay float32), "
+            "or convert the model and tokens to bf16; eager runs float32 experts"
+        )
 
 
 @dataclass(frozen=True)
@@ -122,6 +136,13 @@ class MoE(nn.Module):
         # the last forward's load-balancing loss (``config.balance_loss``); None when off
         self.aux_loss: torch.Tensor | None = None
         self.init_weights(0)
+
+    def __getstate__(self) -> dict:
+        """The module's state without the last forward's loss: it belongs to that forward's autograd
+        graph, which ``copy.deepcopy`` and pickling cannot copy; a copy computes its own loss."""
+        state = super().__getstate__()
+        state["aux_loss"] = None
+        return state
 
     def init_weights(self, seed: int) -> None:
         """Deterministic init from ``seed`` (a private generator; the global RNG is untouched).
@@ -246,6 +267,7 @@ class MoE(nn.Module):
         w1, w3, w2 = self.w1, self.w3, self.w2
         if dt is not None:
             x_pad, w1, w3, w2 = (t.to(dt) for t in (x_pad, w1, w3, w2))
+        check_compiled_gmm_dtype(x_pad.dtype)
         h = F.silu(torch._grouped_mm(x_pad, w1, offs=offs)) * torch._grouped_mm(x_pad, w3, offs=offs)
         return torch._grouped_mm(h, w2, offs=offs)
 
@@ -302,6 +324,10 @@ def shard_moe(module: MoE, mesh: torch.distributed.device_mesh.DeviceMesh) -> Mo
     """
     from torch.distributed.tensor import Replicate, Shard
 
+    if not isinstance(module, MoE):
+        raise TypeError(f"shard_moe places this package's MoE (dtensor_rules.models.MoE), got {type(module).__qualname__}: "
+                        "for another MoE block use expert_parallel(module, mesh, adapter=...) (docs/expert_parallel.md, "
+                        "'Any MoE module'); for other layers torch.distributed.tensor.parallel.parallelize_module")
     if mesh.ndim != 2:
         raise ValueError(f"shard_moe needs a 2-D ('ep', 'tp') mesh, got a {mesh.ndim}-D mesh")
     E = module.config.n_experts

@@ -90,21 +90,32 @@ def _chunk(size: Any, mesh: DeviceMesh, mesh_dims: tuple[int, ...]) -> tuple[Any
     return size, offset
 
 
-_chunk_of_this_rank = functools.lru_cache(maxsize=256)(_chunk)  # plain ints on a real rank: one per layout
-
-
 @functools.lru_cache(maxsize=256)
+def _chunk_at(size: int, sizes: tuple[int, ...], coordinate: tuple[int, ...]) -> tuple[int, int]:
+    """(size, offset) of the chunk at ``coordinate`` (one entry per mesh dim that splits the dim, in
+    order) of a dim of ``size`` split over mesh dims of ``sizes``.
+
+    The key is the coordinate itself, never the mesh: meshes compare and hash equal across ranks
+    and across process groups (the threaded process group runs every rank as a thread of one
+    process and recycles thread ids), so a mesh-keyed cache hands one rank another rank's chunk.
+    """
+    offset = 0
+    for n, c in zip(sizes, coordinate):
+        size, start = Shard.local_shard_size_and_offset(size, n, c)
+        offset += start
+    return size, offset
+
+
+def _chunk_of_this_rank(size: int, mesh: DeviceMesh, mesh_dims: tuple[int, ...]) -> tuple[int, int]:
+    """:func:`_chunk` on a real rank with concrete sizes, memoized on this rank's coordinate."""
+    coordinate = mesh.get_coordinate()
+    return _chunk_at(size, tuple(mesh.size(k) for k in mesh_dims), tuple(coordinate[k] for k in mesh_dims))
+
+
 def _index_target(spec: DTensorSpec, mask_dims: tuple[int, ...]) -> DTensorSpec:
-    """The index's layout with Replicate where the strategy masks it."""
+    """The index's layout with Replicate where the strategy masks it (on the call's own mesh)."""
     placements = tuple(Replicate() if k in mask_dims else p for k, p in enumerate(spec.placements))
     return DTensorSpec(spec.mesh, placements, tensor_meta=spec.tensor_meta)
-
-
-def _cached(fn: Any, uncached: Any, *key: Any) -> Any:
-    try:
-        return fn(*key)
-    except TypeError:  # unhashable: symbolic sizes while tracing
-        return uncached(*key)
 
 
 @maybe_run_for_local_tensor
@@ -135,7 +146,7 @@ def finish_masked_gather(op: Any, args: Any, kwargs: Any, op_info: Any, sharding
     mesh = index_spec.mesh
     if mesh.get_coordinate() is None:  # a rank outside the mesh computes nothing: upstream's path
         return dispatch_propagated(op, args, op_info)
-    targets[2] = _cached(_index_target, _index_target.__wrapped__, index_spec, mask_dims)
+    targets[2] = _index_target(index_spec, mask_dims)
     redistribute_args_to(op_info, targets)
     table, dim, index, *rest = op_info.local_args
     full = targets[0].shape
@@ -144,10 +155,10 @@ def finish_masked_gather(op: Any, args: Any, kwargs: Any, op_info: Any, sharding
         ((index >= 0) & (index < full[dim])).all(),
         f"gather(): index out of bounds for dimension {dim} with size {full[dim]}",
     )
-    if enabled_local_tensor_mode():
+    if enabled_local_tensor_mode() or not isinstance(full[dim], int):  # per simulated rank, or symbolic
         size, offset = _chunk(full[dim], mesh, mask_dims)
     else:
-        size, offset = _cached(_chunk_of_this_rank, _chunk, full[dim], mesh, mask_dims)
+        size, offset = _chunk_of_this_rank(full[dim], mesh, mask_dims)
     local_index, mask = _masked_index(index, size, offset)
     out = op(_nonempty(table, dim, size), dim, local_index, *rest, **op_info.local_kwargs)
     return wrap_result(out.masked_fill(mask, 0), sharding.output_spec)
