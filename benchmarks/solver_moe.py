@@ -16,8 +16,9 @@ compared with one device. "ours+EP" adds the expert-parallel rows (``solver/ragg
 i.e. expected-uniform routing), so the ILP may choose expert parallelism; "hand EP" prices
 ``expert_parallel``'s fixed layout with the same model (parameters fixed, the permute/dispatch/grouped-matmul/
 combine nodes held to their EP rows, the rest placed by the ILP; no memory cap). "applied" runs the parameter
-layouts (``apply_choice``); an EP row (experts ``Shard(0)`` on one mesh dim) runs on the ragged path
-(``shard_moe(ragged=True)``'s region: dispatch / combine, no all-gather), the others through plain DTensor dispatch.
+layouts (``apply_choice``); an EP choice (experts ``Shard(0)`` on one mesh dim) runs through ``expert_parallel``
+(``apply_choice(..., ep=True)``: tokens by all-to-all, no all-gather of experts), the others through plain DTensor
+dispatch.
 
     python benchmarks/solver_moe.py                  # DeepSeek-V2-Lite-like layer, meshes (8,), (2,4), (4,8)
     python benchmarks/solver_moe.py --quick          # the small test config, meshes (8,) and (2,4)
@@ -113,25 +114,25 @@ def run(config: MoEConfig, tokens: int, meshes: tuple, cap_fraction: float | Non
                 experts = "/".join(_pl(c.params[w]) for w in ("w1", "w3", "w2"))
                 rows.append(Row(str(shape), rules, c.variables, c.constraints, c.solve_s, c.query_s, c.objective_us,
                                 experts, {k: _pl(v) for k, v in c.params.items()},
-                                _apply(shape, c.params, c.input_layout, ragged=rules in ("ours+EP", "hand EP")
+                                _apply(shape, c.params, c.input_layout, ep=rules in ("ours+EP", "hand EP")
                                        and expert_parallel_dim(c.params) is not None)))
                 print(f"solver_moe: mesh {shape} {rules}: {c.variables} variables, solved in {c.solve_s:.1f} s"
                       + (f", {len(c.fallbacks)} node(s) without a rule" if c.fallbacks else ""), file=sys.stderr)
     return rows
 
 
-def _apply(shape: tuple, params: dict, input_layout: tuple, ragged: bool = False) -> str:
+def _apply(shape: tuple, params: dict, input_layout: tuple, ep: bool = False) -> str:
     """Run the small block in fp32 with these parameter layouts on a simulated mesh of ``shape``
-    (every rank in this process, real data) and compare with one device; ``ragged``: an
-    expert-parallel choice, run on the ragged path (dispatch/combine, no all-gather of experts)."""
+    (every rank in this process, real data) and compare with one device; ``ep``: an
+    expert-parallel choice, run through ``expert_parallel`` (all-to-all, no all-gather of experts)."""
     if math.prod(shape) > MAX_SIMULATED:
         return f"not run (simulating {math.prod(shape)} ranks; at most {MAX_SIMULATED})"
     config = dataclasses.replace(SMALL, gmm_dtype=None)
     x = torch.randn(SMALL_TOKENS, config.dim, generator=torch.Generator().manual_seed(0))
     ref = MoE(config)(x)
     with simulated_mesh(shape) as mesh:
-        out = apply_choice(MoE(config), mesh, params, x, input_layout, ragged=ragged).full_tensor()
-    return f"{(out - ref).abs().max().item():.1e}" + (" (ragged path)" if ragged else "")
+        out = apply_choice(MoE(config), mesh, params, x, input_layout, ep=ep).full_tensor()
+    return f"{(out - ref).abs().max().item():.1e}" + (" (expert_parallel)" if ep else "")
 
 
 def _meta_module(config: MoEConfig) -> MoE:

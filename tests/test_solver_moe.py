@@ -219,32 +219,49 @@ def test_hand_ep_is_priced_with_its_dispatch_and_the_free_choice_is_no_dearer(ep
     assert free.objective_us <= fixed.objective_us * (1 + 1e-9)
 
 
-def test_the_expert_parallel_choice_runs_on_the_ragged_path_and_equals_one_device(ep_joint) -> None:
-    """The EP choice's parameter layouts, applied with the ragged region (permute, dispatch, grouped
-    matmuls on aligned rows, combine): output and every gradient equal one device (fp32), and
-    the expert gradients stay Shard(0) (the plain path gives them Replicate)."""
+def _one_device(config: MoEConfig, xs: torch.Tensor, cot: torch.Tensor) -> tuple[list[str], list[torch.Tensor]]:
+    """Names and values of the output and of every parameter's gradient of ``(MoE(config)(xs) * cot).sum()``."""
+    one = MoE(config)
+    ref = one(xs)
+    return ["output", *(n for n, _ in one.named_parameters())], [ref, *torch.autograd.grad(ref, list(one.parameters()), cot)]
+
+
+def _applied(config: MoEConfig, shape: tuple[int, ...], params: dict, input_layout: tuple, xs: torch.Tensor,
+             cot: torch.Tensor) -> tuple[list[torch.Tensor], dict, dict]:
+    """The choice applied through ``expert_parallel`` on a simulated mesh: (full output and parameter
+    gradients, gradient placements by name, collective bytes by kind)."""
+    from dtensor_rules.testing.comm import CommBytesMode
+
+    with simulated_mesh(shape) as sim:
+        module = MoE(config)
+        with CommBytesMode() as comm:
+            out = apply_choice(module, sim, params, xs, input_layout, ep=True)
+            loss = (out * distribute_tensor(per_rank_copies(cot), sim, (Replicate(),) * len(shape))).sum()
+            grads = torch.autograd.grad(loss, list(module.parameters()))
+        names = [n for n, _ in module.named_parameters()]
+        placements = {n: tuple(g.placements) for n, g in zip(names, grads)}
+        bytes_by_kind = {k: comm.total_bytes(k) for k in ("all_to_all", "all_gather")}
+        return [out.full_tensor(), *(g.full_tensor() for g in grads)], placements, bytes_by_kind
+
+
+def test_the_expert_parallel_choice_runs_through_expert_parallel_and_equals_one_device(ep_joint) -> None:
+    """The ILP's EP choice (1-D mesh), applied through ``expert_parallel``: output and every gradient
+    equal one device (fp32), the expert gradients stay ``Shard(0)`` (the plain path gives them
+    Replicate), and the tokens travel by all-to-all."""
     model, x, jg = ep_joint
     replicated = _param_bytes(model, {n: (Replicate(),) for n, _ in model.named_parameters()}, (4,))
     with fake_world(4):
         ep = choose_placements(model, x, init_device_mesh("cpu", (4,)), joint=jg, memory_cap=0.3 * replicated,
                                ragged=True)
     config = MoEConfig(dim=16, hidden=32, n_experts=EP_TRACE.n_experts, top_k=2)  # same experts, small widths
-    one = MoE(config)
     xs = torch.randn(TOKENS, config.dim, generator=torch.Generator().manual_seed(7))
     cot = torch.randn(TOKENS, config.dim, generator=torch.Generator().manual_seed(8))
-    ref = one(xs)
-    want = torch.autograd.grad(ref, list(one.parameters()), cot)
-    with simulated_mesh((4,)) as sim:
-        module = MoE(config)
-        out = apply_choice(module, sim, ep.params, xs, ep.input_layout, ragged=True)
-        grads = torch.autograd.grad(out, list(module.parameters()),
-                                    distribute_tensor(per_rank_copies(cot), sim, out.placements))
-        for (name, _), g in zip(module.named_parameters(), grads):
-            if name in ("w1", "w3", "w2"):
-                assert g.placements == (Shard(0),), (name, g.placements)
-        got = [out.full_tensor(), *(g.full_tensor() for g in grads)]
-    for g, w in zip(got, [ref, *want]):
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    names, want = _one_device(config, xs, cot)
+    got, placements, moved = _applied(config, (4,), ep.params, ep.input_layout, xs, cot)
+    assert all(placements[w] == (Shard(0),) for w in ("w1", "w3", "w2")), placements
+    assert moved["all_to_all"] > 0, moved
+    for name, g, w in zip(names, got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, msg=name)
 
 
 def test_a_ragged_row_prices_each_rank_on_its_own_share_of_the_index() -> None:
@@ -279,46 +296,42 @@ EP_ON_DIM_1 = {"gate": (_R, _R), "w1": (Shard(2), Shard(0)), "w3": (Shard(2), Sh
                "shared_w1": (_R, Shard(0)), "shared_w3": (Shard(1), _R), "shared_w2": (_R, _R)}
 HAND_EP = {"gate": (_R, _R), "w1": (Shard(0), Shard(2)), "w3": (Shard(0), Shard(2)), "w2": (Shard(0), Shard(1)),
            "shared_w1": (_R, Shard(0)), "shared_w3": (_R, Shard(0)), "shared_w2": (_R, Shard(1))}
+# experts stored split on mesh dim 0 along D (not the hidden, TP, split): expert FSDP, gathered inside the
+# region; ep on dim 1
+EP_FSDP_ON_DIM_0 = dict(EP_ON_DIM_1, w1=(Shard(1), Shard(0)), w3=(Shard(1), Shard(0)), w2=(Shard(2), Shard(0)))
+DATA_PARALLEL = (Shard(0), Shard(0))  # the solver's default input layout
 
 
-@pytest.mark.parametrize("shape, params", [
-    ((2, 4), EP_ON_DIM_1),
-    pytest.param((4, 8), EP_ON_DIM_1, marks=pytest.mark.slow),  # 32 simulated ranks: ~4 s each
-    pytest.param((4, 8), HAND_EP, marks=pytest.mark.slow),
-], ids=["2x4 ep on dim 1", "4x8 (32 ranks) ep on dim 1", "4x8 hand EP"])
-def test_expert_parallel_choices_on_any_mesh_dim_run_on_the_ragged_path(shape, params) -> None:
-    """An EP layout whose ep is mesh dim 1 runs on the ragged path too (tokens Shard(0) on that dim),
-    on up to 32 simulated ranks: output and every gradient equal one device, expert gradients keep
-    the chosen layout (Shard(0) on the ep dim), and the tokens travel by all-to-all (the dispatch)."""
-    from dtensor_rules.solver.apply import expert_parallel_dim
-    from dtensor_rules.testing.comm import CommBytesMode
+@pytest.mark.parametrize("shape, params, tp_dim", [
+    ((2, 4), EP_ON_DIM_1, 0),
+    ((2, 4), EP_FSDP_ON_DIM_0, None),
+    pytest.param((4, 8), EP_ON_DIM_1, 0, marks=pytest.mark.slow),  # 32 simulated ranks: ~4 s each
+    pytest.param((4, 8), HAND_EP, 1, marks=pytest.mark.slow),
+], ids=["2x4 ep on dim 1", "2x4 ep on dim 1, experts fsdp on dim 0", "4x8 (32 ranks) ep on dim 1", "4x8 hand EP"])
+def test_expert_parallel_choices_on_any_mesh_dim_run_through_expert_parallel(shape, params, tp_dim) -> None:
+    """An EP layout whose ep is mesh dim 1 (or 0), with expert TP or expert FSDP on the other dim, runs
+    through ``expert_parallel`` on up to 32 simulated ranks from the solver's data-parallel input:
+    output and every gradient equal one device, every expert gradient comes back in the chosen
+    layout, and the tokens travel by all-to-all."""
+    from dtensor_rules.solver.apply import expert_parallel_dim, expert_tp_dim
 
     ep_dim = expert_parallel_dim(params)
-    assert ep_dim == (1 if params is EP_ON_DIM_1 else 0)
+    assert ep_dim == (1 if params is not HAND_EP else 0)
+    assert expert_tp_dim(params, ep_dim) == tp_dim
     config = MoEConfig(dim=16, hidden=32, n_experts=8, top_k=2, n_shared=1)
-    one = MoE(config)
     xs = torch.randn(12, config.dim, generator=torch.Generator().manual_seed(3))
     cot = torch.randn(12, config.dim, generator=torch.Generator().manual_seed(4))
-    ref = one(xs)
-    names = [n for n, _ in one.named_parameters()]
-    want = torch.autograd.grad(ref, list(one.parameters()), cot)
-    with simulated_mesh(shape) as sim:
-        module = MoE(config)
-        with CommBytesMode() as comm:
-            out = apply_choice(module, sim, params, xs, (Replicate(),) * 2, ragged=True)
-            grads = torch.autograd.grad(out, list(module.parameters()),
-                                        distribute_tensor(per_rank_copies(cot), sim, out.placements))
-        assert comm.total_bytes("all_to_all") > 0, comm.bytes
-        for name, g in zip(names, grads):
-            if name in ("w1", "w3", "w2"):
-                assert g.placements[ep_dim] == Shard(0), (name, g.placements)
-        got = [out.full_tensor(), *(g.full_tensor() for g in grads)]
-    for name, g, w in zip(["output", *names], got, [ref, *want]):
+    names, want = _one_device(config, xs, cot)
+    got, placements, moved = _applied(config, shape, params, DATA_PARALLEL, xs, cot)
+    assert moved["all_to_all"] > 0, moved
+    for w in ("w1", "w3", "w2"):
+        assert placements[w] == params[w], (w, placements[w])
+    for name, g, w in zip(names, got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, msg=name)
 
 
-def test_a_choice_without_one_expert_parallel_dim_is_refused_on_the_ragged_path() -> None:
+def test_a_choice_without_one_expert_parallel_dim_is_refused_with_ep() -> None:
     mixed = dict(EP_ON_DIM_1, w2=(Shard(0), Shard(1)))  # w2 split by expert on the other mesh dim
     with simulated_mesh((2, 4)) as sim, pytest.raises(ValueError, match="Shard\\(0\\) on one mesh dim"):
         apply_choice(MoE(MoEConfig(dim=16, hidden=32, n_experts=8, top_k=2)), sim, mixed,
-                     torch.randn(4, 16), (Replicate(),) * 2, ragged=True)
+                     torch.randn(4, 16), (Replicate(),) * 2, ep=True)

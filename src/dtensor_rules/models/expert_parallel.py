@@ -60,11 +60,15 @@ __all__ = ["EPMesh", "BorrowedEPMesh", "borrowed_ep_mesh", "routed_experts_borro
 
 
 class EPMesh(NamedTuple):
-    """A mesh and the names of its expert-parallel and (optional) tensor-parallel dims."""
+    """A mesh and the indices of its expert-parallel dim and (optional) tensor-parallel dim.
+
+    Any other dim of ``mesh`` (only with ``expert_parallel(..., placements=...)``) replicates the
+    tokens inside the region; the experts are gathered there from the layout they are stored in
+    (expert FSDP: their gradients come back in that layout)."""
 
     mesh: DeviceMesh
-    ep_dim: str
-    tp_dim: str | None
+    ep_dim: int
+    tp_dim: int | None
 
 
 class BorrowedEPMesh(NamedTuple):
@@ -81,12 +85,11 @@ class BorrowedEPMesh(NamedTuple):
     group: dist.ProcessGroup
 
 
-def _placements(ep: EPMesh, on_ep: Placement, on_tp: Placement) -> tuple[Placement, ...]:
-    names = ep.mesh.mesh_dim_names or ()
-    return tuple(on_ep if n == ep.ep_dim else on_tp for n in names)
+def _placements(ep: EPMesh, on_ep: Placement, on_tp: Placement, other: Placement = Replicate()) -> tuple[Placement, ...]:
+    return tuple(on_ep if i == ep.ep_dim else on_tp if i == ep.tp_dim else other for i in range(ep.mesh.ndim))
 
 
-def token_placements(mesh: DeviceMesh, ep_dim: str = "ep", tp_dim: str | None = "tp", *,
+def token_placements(mesh: DeviceMesh, ep_dim: str | int = "ep", tp_dim: str | int | None = "tp", *,
                      ep_dims: tuple[str, ...] | None = None) -> tuple[Placement, ...]:
     """Placements of the input tokens for :func:`expert_parallel`: ``Shard(0)`` on ep, ``Replicate`` on tp.
 
@@ -120,15 +123,29 @@ def borrowed_ep_mesh(mesh: DeviceMesh, ep_dims: tuple[str, ...]) -> BorrowedEPMe
     return BorrowedEPMesh(mesh, ep_dims, group)
 
 
-def _check_mesh(mesh: DeviceMesh, ep_dim: str, tp_dim: str | None) -> EPMesh:
+def _dim_index(mesh: DeviceMesh, dim: str | int) -> int | None:
+    """The index of mesh dim ``dim`` (a name, or an index counted from the front or the back); None if none."""
+    if isinstance(dim, int) and not isinstance(dim, bool):
+        return dim % mesh.ndim if -mesh.ndim <= dim < mesh.ndim else None
     names = tuple(mesh.mesh_dim_names or ())
-    wanted = (ep_dim,) if tp_dim is None or tp_dim not in names else (ep_dim, tp_dim)
-    if ep_dim not in names or set(names) != set(wanted):
+    return names.index(dim) if dim in names else None
+
+
+def _check_mesh(mesh: DeviceMesh, ep_dim: str | int, tp_dim: str | int | None, other_dims: bool = False) -> EPMesh:
+    """``ep_dim``/``tp_dim`` as indices; a ``tp_dim`` name the mesh lacks means no tp. Without
+    ``other_dims`` the mesh must have no dim besides them (a dp dim belongs to ``fully_shard``)."""
+    names = tuple(mesh.mesh_dim_names or ())
+    ep = _dim_index(mesh, ep_dim)
+    tp = None if tp_dim is None or (isinstance(tp_dim, str) and tp_dim not in names) else _dim_index(mesh, tp_dim)
+    bad_tp = tp_dim is not None and not isinstance(tp_dim, str) and tp is None
+    if ep is None or bad_tp or tp == ep or (not other_dims and mesh.ndim != 1 + (tp is not None)):
+        wanted = (ep_dim,) if tp is None else (ep_dim, tp_dim)
         raise ValueError(
-            f"expert_parallel needs a mesh whose dims are named {wanted} (ep_dim={ep_dim!r}, tp_dim={tp_dim!r}), "
-            f"got dim names {names}; for FSDP2 pass the (ep, tp) submesh here and the dp dim to fully_shard"
+            f"expert_parallel needs a mesh whose dims are {wanted} (ep_dim={ep_dim!r}, tp_dim={tp_dim!r}; names or "
+            f"indices), got a {mesh.ndim}-D mesh with dim names {names}; for FSDP2 pass the (ep, tp) submesh here "
+            "and the dp dim to fully_shard"
         )
-    return EPMesh(mesh, ep_dim, tp_dim if tp_dim in names else None)
+    return EPMesh(mesh, ep, tp)
 
 
 def routed_experts_ep(moe: nn.Module | EPAdapter, ep: EPMesh, x: DTensor, idx: DTensor, weights: DTensor) -> DTensor:
@@ -151,7 +168,8 @@ def routed_experts_ep(moe: nn.Module | EPAdapter, ep: EPMesh, x: DTensor, idx: D
     idx_l = idx.redistribute(ep.mesh, tokens).to_local()
     dim, k = x_l.shape[-1], idx_l.shape[-1]
     experts = a.experts()
-    w_local = [w.to_local(grad_placements=w.placements) for w in experts[:3]]
+    w_local = [_local_expert(w, ep, role, experts.layout)
+               for w, role in zip(experts[:3], ("expert_in", "expert_in", "expert_out"))]
     gdt = a.gmm_dtype or x.dtype
     out = ep_routed_experts(
         x_l.reshape(-1, dim), idx_l.reshape(-1, k), w_l.reshape(-1, k), *w_local,
@@ -213,6 +231,15 @@ def _borrowed_role_placements(ep: BorrowedEPMesh, role: str) -> tuple[Placement,
     raise ValueError(f"unknown role {role!r}")
 
 
+def _local_expert(w: DTensor, ep: EPMesh, role: str, layout: str) -> torch.Tensor:
+    """This rank's part of an expert weight in the layout the region computes with (``Shard(0)`` on
+    ep, the hidden split on tp, ``Replicate`` elsewhere); stored otherwise (a solver's choice), it
+    is gathered to that layout here and its gradient returns in the stored layout (expert FSDP)."""
+    want = _role_placements(ep, role, layout)
+    w = w if tuple(w.placements) == want else w.redistribute(ep.mesh, want)
+    return w.to_local(grad_placements=want)
+
+
 def _role_placements(ep: EPMesh, role: str, layout: str) -> tuple[Placement, ...]:
     R = Replicate()
     hidden_in, hidden_out = (2, 1) if layout == "EDH" else (1, 2)  # where H sits in w1/w3 and in w2
@@ -226,19 +253,28 @@ def _role_placements(ep: EPMesh, role: str, layout: str) -> tuple[Placement, ...
     }
     if role not in on_ep_tp:
         raise ValueError(f"unknown role {role!r}; use one of {sorted(on_ep_tp)}")
-    return _placements(ep, *on_ep_tp[role])
+    return _placements(ep, *on_ep_tp[role])  # Replicate on any other dim
 
 
-def expert_parallel(module: nn.Module, mesh: DeviceMesh, ep_dim: str = "ep", tp_dim: str | None = "tp",
-                    adapter: EPAdapter | None = None, *, ep_dims: tuple[str, ...] | None = None) -> nn.Module:
+def expert_parallel(module: nn.Module, mesh: DeviceMesh, ep_dim: str | int = "ep", tp_dim: str | int | None = "tp",
+                    adapter: EPAdapter | None = None, *, ep_dims: tuple[str, ...] | None = None,
+                    placements: dict[str, tuple[Placement, ...]] | None = None) -> nn.Module:
     """Distribute ``module`` in place for expert (x tensor) parallelism and route its experts by all-to-all.
 
     ``module``: this package's ``MoE``, torchtitan 0.3.0's ``MoE``, or any block described
     by ``adapter`` (:class:`~dtensor_rules.models.ep_adapters.EPAdapter`, docs/expert_parallel.md
-    "Any MoE module"). ``mesh`` has a dim named ``ep_dim`` and optionally one named
-    ``tp_dim`` (see the module docstring for every layout). Feed it tokens placed with
-    :func:`token_placements`. Raises ``ValueError`` if ep does not divide the experts
-    or tp does not divide the hidden dims.
+    "Any MoE module"). ``mesh`` has the dim ``ep_dim`` and optionally ``tp_dim`` (each a name or
+    an index, at any position; a ``tp_dim`` name the mesh lacks means no tp; see the module
+    docstring for every layout). Feed it tokens placed with :func:`token_placements`. Raises
+    ``ValueError`` if ep does not divide the experts or tp does not divide the hidden dims.
+
+    ``placements``: a layout per qualified parameter/buffer name (e.g. a placement solver's
+    choice, ``dtensor_rules.solver.apply_choice``) used instead of the role layouts; names not in
+    it keep their role layout. The router and shared expert run as placed under DTensor's rules;
+    the experts are stored as placed and the region computes with them ``Shard(0)`` on ep, split
+    on hidden on tp and ``Replicate`` elsewhere (gathered inside the region where stored
+    otherwise: expert FSDP; gradients return in the stored layout). With it the mesh may have
+    dims besides ep and tp: the region replicates the tokens on them.
 
     ``ep_dims`` (torchtitan's mesh model, docs/expert_parallel.md): ``mesh`` is the
     data/sequence-parallel mesh (e.g. ``("dp_shard", "tp")``), EP borrows ``ep_dims`` of it
@@ -256,21 +292,40 @@ def expert_parallel(module: nn.Module, mesh: DeviceMesh, ep_dim: str = "ep", tp_
         distribute_named(module, mesh, {name: _borrowed_role_placements(bep, role) for name, role in a.roles().items()})
         a.install(functools.partial(routed_experts_borrowed, a, bep))
         return module
-    ep = _check_mesh(mesh, ep_dim, tp_dim)
-    n_ep = mesh.size(mesh.mesh_dim_names.index(ep_dim))
+    ep = _check_mesh(mesh, ep_dim, tp_dim, other_dims=placements is not None)
+    n_ep = mesh.size(ep.ep_dim)
     if a.n_experts % n_ep:
         raise ValueError(
             f"n_experts={a.n_experts} is not divisible by the '{ep_dim}' mesh size {n_ep}: every ep rank must own "
             f"the same number of experts; use an ep size that divides {a.n_experts}"
         )
     if ep.tp_dim is not None:
-        n_tp = mesh.size(mesh.mesh_dim_names.index(ep.tp_dim))
+        n_tp = mesh.size(ep.tp_dim)
         if a.hidden % n_tp:
-            raise ValueError(f"hidden={a.hidden} is not divisible by the '{ep.tp_dim}' mesh size {n_tp}")
+            raise ValueError(f"hidden={a.hidden} is not divisible by the '{tp_dim}' mesh size {n_tp}")
     layout = a.experts().layout
-    distribute_named(module, mesh, {name: _role_placements(ep, role, layout) for name, role in a.roles().items()})
+    plan = {name: _role_placements(ep, role, layout) for name, role in a.roles().items()}
+    if placements is not None:
+        plan.update(_checked_placements(placements, plan, mesh))
+    distribute_named(module, mesh, plan)
     a.install(functools.partial(routed_experts_ep, a, ep))
     return module
+
+
+def _checked_placements(placements: dict[str, tuple[Placement, ...]], roles: dict[str, tuple[Placement, ...]],
+                        mesh: DeviceMesh) -> dict[str, tuple[Placement, ...]]:
+    """``placements`` as tuples, refused (ValueError naming the entry) where a name is not one of the
+    block's parameters or buffers or a layout does not have one placement per mesh dim."""
+    out = {}
+    for name, lay in placements.items():
+        lay = tuple(lay)
+        if name not in roles:
+            raise ValueError(f"placements names {name!r}, which is not one of the block's parameters or buffers "
+                             f"{sorted(roles)}")
+        if len(lay) != mesh.ndim or not all(isinstance(p, Placement) for p in lay):
+            raise ValueError(f"placements[{name!r}] = {lay} must hold one Placement per mesh dim ({mesh.ndim})")
+        out[name] = lay
+    return out
 
 
 def distribute_named(module: nn.Module, mesh: DeviceMesh, plan: dict[str, tuple[Placement, ...]]) -> None:
