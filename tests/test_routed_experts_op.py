@@ -116,3 +116,30 @@ def test_a_solver_query_offers_expert_parallel_rows_on_every_mesh_dim() -> None:
         ep_rows = [r for r in node.rows if r.ins[w] == (R, Shard(0))]
         assert all(r.ins[w - 3][1] == Shard(0) for r in ep_rows)  # tokens follow their experts' dim
         assert not any(Partial() in r.ins[w - 3] for r in node.rows)
+
+
+def test_only_the_expert_parallel_rows_pay_the_exchange_and_only_the_forward_pays_the_host_sync() -> None:
+    """The solver's price of a routed-experts row: its roofline, plus for an EP row the all-to-alls;
+    the host sync only in the forward."""
+    from dtensor_rules.solver.price import Pricer
+
+    cfg = MoEConfig(dim=64, hidden=64, n_experts=8, top_k=2, gmm_dtype=torch.bfloat16)
+    model = MoE(cfg)
+    model.routed_region = routed_experts_as_op
+    jg = trace_joint(model, torch.randn(64, 64))
+    nodes = {n.name: n for n in jg.graph.graph.nodes}
+    with fake_world(8):
+        mesh = init_device_mesh("cpu", (2, 4))
+        strategies = query_graph(jg.graph, mesh)
+        cheap, dear = Pricer(mesh, sync_us=0.0), Pricer(mesh, sync_us=1000.0)
+        for nr in strategies.nodes.values():
+            if nr.target not in (ROUTED_EXPERTS, ROUTED_EXPERTS_BACKWARD):
+                continue
+            w = 3 if nr.target is ROUTED_EXPERTS else 4
+            node = nodes[nr.name]
+            exchange = {r.ins[w]: cheap.ep_exchange_us(node, r, nr.metas) for r in nr.rows}
+            for r in nr.rows:
+                ep = any(p == Shard(0) for p in r.ins[w])
+                assert (exchange[r.ins[w]] > 0) == ep
+                sync = dear.compute_us(node, r, nr.metas) - cheap.compute_us(node, r, nr.metas)
+                assert sync == pytest.approx(1000.0 if ep and nr.target is ROUTED_EXPERTS else 0.0)

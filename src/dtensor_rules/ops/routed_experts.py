@@ -36,7 +36,10 @@ and padded rows, the hidden activations and the local experts, once each.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -47,8 +50,8 @@ from dtensor_rules.kernels.routed_experts_op import routed_experts_backward_op, 
 from dtensor_rules.ops._common import PlacementOrHole
 from dtensor_rules.registry import register
 
-__all__ = ["ROUTED_EXPERTS", "ROUTED_EXPERTS_BACKWARD", "EXPERT_ARGS", "routed_experts_strategy",
-           "routed_experts_backward_strategy"]
+__all__ = ["ROUTED_EXPERTS", "ROUTED_EXPERTS_BACKWARD", "EXPERT_ARGS", "expert_parallel_rows",
+           "routed_experts_strategy", "routed_experts_backward_strategy"]
 
 ROUTED_EXPERTS = routed_experts_op._opoverload
 ROUTED_EXPERTS_BACKWARD = routed_experts_backward_op._opoverload
@@ -69,14 +72,32 @@ _BACKWARD_ROWS = [
 ]
 
 
+_offered = threading.local()
+
+
+@contextlib.contextmanager
+def expert_parallel_rows(offered: bool) -> Iterator[None]:
+    """Offer (default) or withhold the expert-parallel row, e.g. to price what it adds to a solver's choice."""
+    before = getattr(_offered, "value", True)
+    _offered.value = offered
+    try:
+        yield
+    finally:
+        _offered.value = before
+
+
+def _rows(rows: list[list[PlacementOrHole]]) -> list[list[PlacementOrHole]]:
+    return [list(r) for r in (rows if getattr(_offered, "value", True) else rows[:-1])]
+
+
 def routed_experts_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """[out, x, idx, weights, w1, w3, w2] per mesh dim (module table)."""
-    return [list(r) for r in _FORWARD_ROWS]
+    return _rows(_FORWARD_ROWS)
 
 
 def routed_experts_backward_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """[gx, gweights, gw1, gw3, gw2, grad, x, idx, weights, w1, w3, w2] per mesh dim (module table)."""
-    return [list(r) for r in _BACKWARD_ROWS]
+    return _rows(_BACKWARD_ROWS)
 
 
 def _cost(backward: bool) -> Any:
