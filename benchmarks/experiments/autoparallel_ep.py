@@ -17,6 +17,12 @@ its own code and of the op in the traceback.
     python benchmarks/experiments/autoparallel_ep.py /path/to/autoparallel              # LITE layer, (2, 4)
     python benchmarks/experiments/autoparallel_ep.py /path/to/autoparallel --mesh 4x8
     python benchmarks/experiments/autoparallel_ep.py /path/to/autoparallel --small      # small block, fast
+    python benchmarks/experiments/autoparallel_ep.py /path/to/autoparallel --probe-handler   # the proposed apply change
+
+``--probe-handler`` patches, in this process only, the apply-step change the design page proposes
+and registers a PROBE handler for the routed-experts ops (shape-only stand-in, not the EP
+computation) that records whether DTensor dispatch reaches it from AutoParallel's retrace, and with
+which placements.
 
 docs/design/autoparallel_ep.md reads the result: which of AutoParallel's lines stops the
 expert-parallel choice and the smallest change there.
@@ -57,6 +63,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--mesh", default="2x4", help="mesh shape, e.g. 2x4 (default) or 4x8")
     ap.add_argument("--small", action="store_true", help="the small block (dim 16, 8 experts, 64 tokens)")
     ap.add_argument("--tokens", type=int, default=None, help="tokens (default 16384, --small 64)")
+    ap.add_argument("--probe-handler", action="store_true",
+                    help="check the proposal's apply-step change: ops with a DTensor custom handler run on "
+                         "DTensors; a PROBE handler (shape-only stand-in, not the EP computation) records "
+                         "that it is reached and with which placements")
+    ap.add_argument("--ep-forward", action="store_true",
+                    help="with --probe-handler: the forward handler runs expert_parallel's local step (the "
+                         "tokens' all-to-alls) on an EP row instead of the stand-in")
+    ap.add_argument("--dynamic", action="store_true", help="AutoParallel(..., dynamic=True): a ShapeEnv for its "
+                                                           "fake mode (the dispatch's received rows are unbacked)")
     args = ap.parse_args(argv)
     root = args.autoparallel.resolve()
     if not (root / "autoparallel" / "api.py").exists():
@@ -97,7 +112,10 @@ def main(argv: list[str] | None = None) -> None:
     def input_fn() -> torch.Tensor:
         return torch.randn(tokens, config.dim)
 
-    with AutoParallel(model, input_fn, mesh) as autop:
+    reached: list[str] = []
+    if args.probe_handler:
+        _install_probe(reached, args.ep_forward)
+    with AutoParallel(model, input_fn, mesh, dynamic=args.dynamic) as autop:
         autop.add_input_constraints([(Shard(0),) * len(shape)])
         autop.add_output_constraints([(Shard(0),) * len(shape)])
         placement = autop.optimize_placement()
@@ -138,7 +156,74 @@ def main(argv: list[str] | None = None) -> None:
             print("  forward ran")
         except Exception as e:  # noqa: BLE001
             _report(e)
+    if args.probe_handler:
+        print(f"\nprobe handler reached {len(reached)} time(s):")
+        for r in reached:
+            print(f"  {r}")
     dist.destroy_process_group()
+
+
+def _ep_forward(args: tuple) -> "torch.Tensor":
+    """The EP forward on this rank's shards: ``expert_parallel``'s local step over the ep dims' group."""
+    from torch.distributed.tensor import DTensor
+
+    from dtensor_rules.models.ep_local import ep_routed_experts
+    from dtensor_rules.models.expert_parallel import borrowed_ep_mesh
+
+    x, idx, weights, w1, w3, w2, n_experts, alignment, gmm_dtype = args
+    mesh = x.device_mesh
+    ep_dims = tuple(mesh.mesh_dim_names[m] for m, p in enumerate(w1.placements) if p == Shard(0))
+    group = borrowed_ep_mesh(mesh, ep_dims).group
+    out = ep_routed_experts(x.to_local(), idx.to_local(), weights.to_local(), w1.to_local(), w3.to_local(),
+                            w2.to_local(), n_experts=n_experts, alignment=alignment, group=group, gmm_dtype=gmm_dtype)
+    return DTensor.from_local(out, mesh, x.placements, run_check=False, shape=x.shape, stride=x.stride())
+
+
+def _install_probe(reached: list[str], ep_forward: bool = False) -> None:
+    """The proposal's apply-step change, in this process only, without copying AutoParallel's code:
+    when its ``ApplyShardingInterpreter`` calls an op that has a DTensor custom handler, the local
+    shards are wrapped as DTensors with the chosen input specs (its line 292 unwraps the outputs);
+    and a probe handler for the routed-experts ops that records the placements it gets and returns
+    outputs of the right shapes and placements (garbage values: NOT expert parallelism)."""
+    from torch.distributed.tensor import DTensor
+    from torch.fx import Interpreter
+    from torch.utils._pytree import tree_map_only
+
+    from autoparallel.apply_sharding import ApplyShardingInterpreter
+    from dtensor_rules.ops.routed_experts import ROUTED_EXPERTS, ROUTED_EXPERTS_BACKWARD
+
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+    plain = Interpreter.call_function
+
+    def call_function(self, target, args, kwargs):  # type: ignore[no-untyped-def]
+        node = getattr(self, "_curr_node", None)
+        if isinstance(self, ApplyShardingInterpreter) and target in handlers and node in self.sharding_placement:
+            specs = iter(self.sharding_placement[node].input_specs)
+
+            def wrap(t: torch.Tensor) -> DTensor:
+                s = next(specs)
+                return DTensor.from_local(t, s.mesh, s.placements, run_check=False, shape=s.tensor_meta.shape,
+                                          stride=s.tensor_meta.stride)
+
+            args = tree_map_only(torch.Tensor, wrap, tuple(args))
+        return plain(self, target, args, kwargs)
+
+    Interpreter.call_function = call_function
+
+    def probe(op, args, kwargs):  # type: ignore[no-untyped-def]
+        tensors = [a for a in args if isinstance(a, DTensor)]
+        reached.append(f"{op}: " + " ".join(_pl(t.placements) for t in tensors))
+        if op is ROUTED_EXPERTS and ep_forward and any(p == Shard(0) for p in tensors[3].placements):
+            return _ep_forward(args)
+        if op is ROUTED_EXPERTS:
+            x = tensors[0]
+            return DTensor.from_local(torch.zeros_like(x.to_local()), x.device_mesh, x.placements, run_check=False,
+                                      shape=x.shape, stride=x.stride())
+        return tuple(DTensor.from_local(torch.zeros_like(t.to_local()), t.device_mesh, t.placements, run_check=False,
+                                        shape=t.shape, stride=t.stride()) for t in tensors[1:3] + tensors[4:7])
+
+    handlers[ROUTED_EXPERTS] = probe
+    handlers[ROUTED_EXPERTS_BACKWARD] = probe
 
 
 if __name__ == "__main__":
