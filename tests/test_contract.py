@@ -63,6 +63,8 @@ def _t(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 
 _IDX = torch.tensor([[0, 2, 5]] * 4)  # (4, 3) int64 positions along dim 1 of a (4, 6) self
 _ROWS = torch.tensor([4, 0, 4])  # (3,) int64 rows of a (5, 4) self (a duplicate)
+# routed experts: x (4, 8), idx (4, 2) int64, weights (4, 2), w1 / w3 (2, 8, 16), w2 (2, 16, 8), 2 experts, A = 8
+_ROUTED = (_t(4, 8), torch.tensor([[0, 1]] * 4), _t(4, 2), _t(2, 8, 16), _t(2, 8, 16), _t(2, 16, 8), 2, 8, None)
 
 
 def _hand_derived() -> list[tuple[object, tuple, dict, tuple[int, int, int]]]:
@@ -117,6 +119,14 @@ def _hand_derived() -> list[tuple[object, tuple, dict, tuple[int, int, int]]]:
          (0, 80 + 16 + 80, 0)),
         (torch.ops.dtensor_rules.ep_combine.default, (_t(3, 4), torch.tensor([[6], [3]]), "0", 6), {},
          (0, 48 + 16 + 96, 0)),
+        # routed experts (ops/routed_experts.py), fp32: 4 tokens of D = 8, top-2 of 2 experts of H = 16, A = 8:
+        # padded rows 4*2 + 2*8 = 24; flops 6 * 24 * 8 * 16; read x 128 + idx 64 + 3 experts 3 * 1024 + the
+        # gathered rows twice 2 * 24 * 8 * 4 + three (24, 16) activations 3 * 1536; written the grouped output
+        # 768 + the activations 4608 + the (4, 8) output 128; the backward twice each
+        (torch.ops.dtensor_rules.routed_experts.default, _ROUTED, {},
+         (6 * 24 * 8 * 16, 128 + 64 + 3 * 1024 + 1536 + 4608, 768 + 4608 + 128)),
+        (torch.ops.dtensor_rules.routed_experts_backward.default, (_t(4, 8), *_ROUTED), {},
+         (2 * 6 * 24 * 8 * 16, 2 * (128 + 64 + 3 * 1024 + 1536 + 4608), 2 * (768 + 4608 + 128))),
     ]
 
 

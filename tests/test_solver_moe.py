@@ -146,9 +146,10 @@ def test_benchmark_prints_the_table_and_runs_each_choice() -> None:
                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = [line for line in run.stdout.splitlines() if line.startswith("| (4,)")]
-    assert [r.split("|")[2].strip() for r in rows] == ["ours", "ours+EP", "hand EP", "ours-full", "upstream"]
+    assert [r.split("|")[2].strip() for r in rows] == ["ours", "ours+EP", "hand EP", "ours-full", "upstream", "op",
+                                                       "op, no EP"]
     applied = [line for line in run.stdout.splitlines() if line.startswith("(4,) ")]
-    assert len(applied) == 5 and all("applied: " in a and "not run" not in a for a in applied)
+    assert len(applied) == 7 and all("applied: " in a and "not run" not in a for a in applied)
     # each choice, run on the simulated mesh, equals one device to fp32 rounding
     assert all(float(a.rsplit("applied: ", 1)[1].split()[0]) < 1e-5 for a in applied)
 
@@ -335,3 +336,101 @@ def test_a_choice_without_one_expert_parallel_dim_is_refused_with_ep() -> None:
     with simulated_mesh((2, 4)) as sim, pytest.raises(ValueError, match="Shard\\(0\\) on one mesh dim"):
         apply_choice(MoE(MoEConfig(dim=16, hidden=32, n_experts=8, top_k=2)), sim, mixed,
                      torch.randn(4, 16), (Replicate(),) * 2, ep=True)
+
+
+# expert parallelism offered by the routed-experts op's own rule: plain strategy enumeration, no graph pass
+
+LITE_OP = MoEConfig(dim=2048, hidden=1408, n_experts=64, top_k=6, n_shared=2, gmm_dtype=torch.bfloat16)
+
+
+class _MetaMoE(MoE):
+    def init_weights(self, seed: int) -> None:  # meta parameters hold no values to draw
+        pass
+
+
+def _op_joint(tokens: int):
+    """The DeepSeek-V2-Lite-sized block (meta: sizes only) with its routed experts as one op."""
+    from dtensor_rules.models.routed_op import routed_experts_as_op
+
+    with torch.device("meta"):
+        model = _MetaMoE(LITE_OP)
+    model.routed_region = routed_experts_as_op
+    x = torch.empty(tokens, LITE_OP.dim, device="meta")
+    return model, x, trace_joint(model, x)
+
+
+@pytest.mark.parametrize("shape, tokens, names", [
+    ((4,), 16384, ("a",)),
+    pytest.param((2, 2), 4096, ("a", "b"), marks=pytest.mark.slow),  # the 2-D ILP takes ~15 s here
+], ids=["4", "2x2"])
+def test_the_routed_experts_rule_lets_plain_enumeration_choose_expert_parallel_and_it_runs(shape, tokens, names) -> None:
+    """Offered EP only by the op's rule, the ILP puts the experts Shard(0) on every mesh dim with the
+    tokens Shard(0) everywhere (torchtitan's model), cheaper than without that row; the choice, run
+    through expert_parallel on a small fp32 block, equals one device (output and gradients)."""
+    from dtensor_rules.ops.routed_experts import expert_parallel_rows
+    from dtensor_rules.solver.ep_row import expert_row, place_expert_row
+
+    model, x, jg = _op_joint(tokens)
+    with fake_world(math.prod(shape)):
+        mesh = init_device_mesh("cpu", shape)
+        chosen = choose_placements(model, x, mesh, joint=jg)
+        with expert_parallel_rows(False):
+            no_ep = choose_placements(model, x, mesh, joint=jg)
+    assert chosen.fallbacks == ()
+    row = expert_row(chosen)
+    everywhere = (Shard(0),) * len(shape)
+    assert row is not None and row.ep_dims == tuple(range(len(shape))) and row.tokens == everywhere, row
+    assert not expert_row(no_ep).ep_dims
+    assert chosen.objective_us < no_ep.objective_us
+    cfg = MoEConfig(dim=16, hidden=32, n_experts=8, top_k=2)
+    x_run = torch.randn(32, 16, generator=torch.Generator().manual_seed(7))
+    g = torch.randn(32, 16, generator=torch.Generator().manual_seed(8))
+    ref_model = MoE(cfg)
+    ref_out = ref_model(x_run)
+    ref_grads = torch.autograd.grad(ref_out, [ref_model.w1, ref_model.w2, ref_model.gate], g)
+    with simulated_mesh(shape, names=names) as sim:
+        module = place_expert_row(MoE(cfg), sim, chosen)
+        assert module.routed_region is not None  # expert_parallel's region, not the op
+        out = module(distribute_tensor(per_rank_copies(x_run), sim, chosen.input_layout))
+        grads = torch.autograd.grad(out, [module.w1, module.w2, module.gate],
+                                    distribute_tensor(per_rank_copies(g), sim, chosen.input_layout))
+        assert grads[0].placements == everywhere  # each rank holds only its experts' gradient
+        got = [t.full_tensor() for t in (out, *grads)]
+    for a, b in zip(got, (ref_out, *ref_grads)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("experts, tokens", [
+    (((Shard(0), Shard(2)), (Shard(0), Shard(2)), (Shard(0), Shard(1))), (Shard(0), Replicate())),
+    (((Replicate(), Shard(0)), (Replicate(), Shard(0)), (Replicate(), Shard(0))), (Replicate(), Shard(0))),
+], ids=["ep0-tp1", "ep1-replicated0"])
+def test_a_one_dim_expert_parallel_row_runs_through_expert_parallel_with_its_tp_dim(experts, tokens) -> None:
+    """A routed-experts row with the experts Shard(0) on ONE mesh dim and the tokens replicated on the
+    other runs as expert_parallel(ep_dim, tp_dim) with the stored layouts; equal to one device."""
+    from dtensor_rules.solver.choose import Choice
+    from dtensor_rules.solver.ep_row import expert_row, place_expert_row
+    from dtensor_rules.solver.ilp import Solution
+    from dtensor_rules.solver.problem import Choice as NodeChoice, Problem
+    from dtensor_rules.solver.query import Row
+
+    R2 = (Replicate(), Replicate())
+    row = Row((tokens,), (tokens, tokens, tokens, *experts))
+    problem = Problem({"routed": NodeChoice("routed", [row], [0.0])}, [], [], {}, {})
+    params = {"w1": experts[0], "w3": experts[1], "w2": experts[2], "gate": R2, "shared_w1": R2,
+              "shared_w3": R2, "shared_w2": R2}
+    choice = Choice(params, (Shard(0), Shard(0)), 0.0, 0, 0, 0.0, 0.0, (), problem,
+                    Solution({"routed": 0}, 0.0, 0, 0, 0.0, "Optimal"), "routed")
+    ep = 0 if experts[0][0] == Shard(0) else 1
+    assert expert_row(choice).ep_dims == (ep,)
+    cfg = MoEConfig(dim=16, hidden=32, n_experts=4, top_k=2)
+    x = torch.randn(32, 16, generator=torch.Generator().manual_seed(9))
+    ref_model = MoE(cfg)
+    ref_out = ref_model(x)
+    ref_grad = torch.autograd.grad(ref_out.sum(), ref_model.w2)[0]
+    with simulated_mesh((2, 2)) as sim:
+        module = place_expert_row(MoE(cfg), sim, choice)
+        assert module.w1.placements == experts[0]  # stored as chosen
+        out = module(distribute_tensor(per_rank_copies(x), sim, choice.input_layout))
+        grad = torch.autograd.grad(out.full_tensor().sum(), module.w2)[0]
+        torch.testing.assert_close(out.full_tensor(), ref_out, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(grad.full_tensor(), ref_grad, rtol=1e-5, atol=1e-5)

@@ -4,6 +4,9 @@
   group sizes and the ``offs`` of ``torch._grouped_mm`` (Triton on CUDA, torch elsewhere).
 - ``dtensor_rules::ep_dispatch`` / ``ep_combine`` (:mod:`dtensor_rules.kernels.ep_all_to_all`): the
   expert-parallel token all-to-alls, each the other's backward, with an unbacked received row count.
+- ``dtensor_rules::routed_experts`` / ``routed_experts_backward``
+  (:mod:`dtensor_rules.kernels.routed_experts_op`): an MoE block's routed experts as one op, so a
+  solver that reads DTensor strategies is offered expert parallelism as one of its rows.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from dtensor_rules.ops import (  # noqa: F401
     identity,
     indexing,
     moe_index,
+    routed_experts,
     scan,
     slicing,
     softmax,

@@ -14,6 +14,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.placement_types import Shard
 
+from dtensor_rules.ops.routed_experts import ROUTED_EXPERTS
 from dtensor_rules.solver.ilp import Solution, solve
 from dtensor_rules.solver.price import Pricer
 from dtensor_rules.solver.problem import Problem, build_problem
@@ -37,6 +38,7 @@ class Choice(NamedTuple):
     fallbacks: tuple[str, ...]  # nodes no rule answered for (priced all-Replicate)
     problem: Problem
     solution: Solution
+    routed_experts_node: str | None = None  # the forward routed-experts op's node, if the block has one
 
 
 def param_layouts(problem: Problem, solution: Solution) -> dict[str, Layout]:
@@ -73,5 +75,6 @@ def choose_placements(module: nn.Module, x: torch.Tensor, mesh: DeviceMesh, *, m
     problem = build_problem(jg, strategies, Pricer(mesh, hardware), mesh)
     query_s = time.perf_counter() - t0
     sol = solve(problem, memory_cap)
+    routed = next((n.name for n in jg.graph.graph.nodes if n.target is ROUTED_EXPERTS), None)
     return Choice(param_layouts(problem, sol), lay, sol.objective_us, sol.variables, sol.constraints, sol.solve_s,
-                  query_s, strategies.fallbacks, problem, sol)
+                  query_s, strategies.fallbacks, problem, sol, routed)

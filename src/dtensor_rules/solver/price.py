@@ -6,6 +6,11 @@ runtime of a hardware profile. Redistribution: the ordered-mesh planner's cheape
 collectives (:func:`dtensor_rules.redistribute.plan`, alpha-beta model), DTensor's own
 ``redistribute_cost`` where the planner has no plan. Both sides of a comparison (our rules,
 upstream's) are priced by these same functions, so their objectives are comparable.
+
+The routed-experts op (``ops/routed_experts.py``) communicates inside itself under its
+expert-parallel row (the token all-to-alls, and in the forward the count exchange and the
+host sync): a strategy row has no field for that, so :meth:`Pricer.ep_exchange_us` adds it
+to the row's compute (the ``expert_parallel`` step ``models/ep_costs.py`` describes).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ INF = math.inf
 # the dispatch's one device-to-host sync (the counts, for the token all-to-all's sizes) and the stall it
 # causes: an assumed order of magnitude, not a measurement; pass Pricer(sync_us=...) measured on the target
 SYNC_US = 20.0
+_COUNT_BYTES = 8  # one int64 count per expert
 
 
 def local_shape(meta: TensorMeta, mesh: DeviceMesh, layout: Layout) -> tuple[int, ...]:
@@ -59,6 +65,7 @@ class Pricer:
         self.sync_us = sync_us
         self._edge: dict[tuple, float] = {}
         self._compute: dict[tuple, float] = {}
+        self._topology = Topology.uniform(mesh.ndim)
 
     def edge_us(self, meta: TensorMeta, src: Layout, dst: Layout) -> float:
         """Time to move a tensor from ``src`` to ``dst`` (0 when equal; inf when impossible)."""
@@ -88,14 +95,40 @@ class Pricer:
             return INF
 
     def compute_us(self, node: fx.Node, row: Row, metas: tuple[TensorMeta, ...]) -> float:
-        """Roofline time of ``node`` on rank 0's local inputs under ``row``."""
+        """Roofline time of ``node`` on rank 0's local inputs under ``row`` (plus the expert-parallel
+        exchange of the routed-experts op, :meth:`ep_exchange_us`)."""
         ins = _routed_index_ins(row, metas)
         locals_ = tuple(local_shape(m, self.mesh, lay) for m, lay in zip(metas, ins))
         key = (node.target, locals_, tuple(m.dtype for m in metas), _static_args(node))
         cost = self._compute.get(key)
         if cost is None:
             cost = self._compute[key] = self._compute_uncached(node, locals_, metas)
-        return cost
+        return cost + self.ep_exchange_us(node, row, metas)
+
+    def ep_exchange_us(self, node: fx.Node, row: Row, metas: tuple[TensorMeta, ...]) -> float:
+        """The all-to-alls a routed-experts node runs under an expert-parallel row (0 for any other row
+        or node): the ep group is the mesh dims where the experts are ``Shard(0)``; each rank sends its
+        ``T_l * k`` assignment rows (expected-uniform routing: it receives as many) at dispatch (token
+        dtype) and combine (expert dtype); the forward also exchanges the per-expert counts and syncs
+        once with the host (``sync_us``); the backward moves the gradients along the same routes."""
+        from dtensor_rules.ops.routed_experts import EXPERT_ARGS, ROUTED_EXPERTS
+
+        w = EXPERT_ARGS.get(node.target)
+        if w is None:
+            return 0.0
+        dims = tuple(m for m, p in enumerate(row.ins[w]) if isinstance(p, Shard) and p.dim == 0)
+        if not dims:
+            return 0.0
+        n, bw, lat = self._topology.group(tuple(self.mesh.shape), dims)
+        x = w - 3  # x, idx, weights, w1, ...
+        rows = math.prod(local_shape(metas[x + 1], self.mesh, row.ins[x + 1]))
+        D = metas[x].shape[-1]
+        gmm = next((a for a in node.args if isinstance(a, torch.dtype)), metas[x].dtype)
+        move = sum(self._topology.cost("all_to_all", n, bw, lat, rows * D * dt.itemsize) for dt in (metas[x].dtype, gmm))
+        if node.target is not ROUTED_EXPERTS:
+            return move
+        counts = self._topology.cost("all_to_all", n, bw, lat, _COUNT_BYTES * metas[w].shape[0])
+        return move + counts + self.sync_us
 
     def _compute_uncached(self, node: fx.Node, shapes: tuple, metas: tuple[TensorMeta, ...]) -> float:
         tensors = iter([torch.empty(s, dtype=m.dtype, device="meta") for s, m in zip(shapes, metas)])
