@@ -73,9 +73,9 @@ def plan(mesh: DeviceMesh | Sequence[int], shape: Sequence[int], dtype: torch.dt
          topology: Topology | None = None, max_peak_bytes: int | None = None) -> Plan:
     """Cheapest chain of collectives from (src placements, order) to (dst placements, order).
 
-    ``src_device_order`` / ``dst_device_order``: ``device_order[i]`` is the order rank of mesh dim
-    ``i`` (lower splits first) or a dict ``{tensor_dim: (major, ..., minor)}``; ``None`` =
-    left-to-right (DTensor's default). Raises ``NoPlanError`` if ``max_peak_bytes`` cannot be met.
+    ``src_device_order`` / ``dst_device_order``: the mesh dims from major (splits first) to minor,
+    as a permutation of all mesh dims or per tensor dim as a dict ``{tensor_dim: (major, ..., minor)}``
+    (upstream's ``shard_order``); ``None`` = left to right (DTensor's default). Raises ``NoPlanError`` if ``max_peak_bytes`` cannot be met.
     Repeated calls are cached (``cache.py``); ``clear_plan_cache()`` forgets them.
     """
     try:  # the very same (immutable) argument objects as a previous call: see cache.py (inline: ~0.1 us)
