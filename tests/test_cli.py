@@ -65,7 +65,7 @@ def test_validate_on_2x2_from_a_fresh_process_prints_only_json():
 def test_unknown_op_is_a_clear_error(capsys):
     assert main(["validate", "--op", "no_such_op"]) == 2
     err = capsys.readouterr().err
-    assert "unknown op 'no_such_op'" in err and "aten.cumsum.default" in err
+    assert err.startswith("error: unknown op 'no_such_op'") and "--import MODULE" in err
 
 
 @pytest.mark.parametrize("text, shape", [("2", (2,)), ("2x2", (2, 2)), ("2X2x2", (2, 2, 2))])
