@@ -207,10 +207,11 @@ def full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def say(text: str) -> None:
-    """Print on the reporting rank only (rank 0, or the one process of a simulated mesh), at once."""
+    """Print on the reporting rank only, at once: rank 0 of real ranks, or the one process that
+    simulates every rank (the fake backend; its rank may be a per-rank value there)."""
     import torch.distributed as dist
 
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    if not dist.is_initialized() or dist.get_backend() == "fake" or dist.get_rank() == 0:
         print(text, flush=True)
 
 

@@ -63,7 +63,10 @@ def test_a_bool_mask_index_on_a_2d_mesh_logs_no_upstream_note():
     ``x`` is laid out so that the index rule needs no move of it (its rows are whole on every rank)."""
     x, mask = torch.arange(16.0).reshape(8, 2), torch.tensor([1, 0, 0, 1, 1, 1, 0, 1], dtype=torch.bool)
     records = Records()
-    logging.getLogger(REDISTRIBUTE_LOGGER).addHandler(records)
+    logger = logging.getLogger(REDISTRIBUTE_LOGGER)
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # as in a fresh script (another test may have quieted it)
+    logger.addHandler(records)
     try:
         with simulated_mesh((2, 2), names=("quiet_a", "quiet_b")) as mesh:  # names of its own: upstream warns once per mesh
             xd = distribute_tensor(x, mesh, (Shard(1), Replicate()))
@@ -73,7 +76,8 @@ def test_a_bool_mask_index_on_a_2d_mesh_logs_no_upstream_note():
             md.redistribute(mesh, (Replicate(),) * 2)  # control: the same move in one upstream call warns
             torch.testing.assert_close(out.full_tensor(), x[mask])
     finally:
-        logging.getLogger(REDISTRIBUTE_LOGGER).removeHandler(records)
+        logger.removeHandler(records)
+        logger.setLevel(level)
     assert [m for m in records.messages if "2 sequential all_gather" in m]
 
 
