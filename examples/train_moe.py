@@ -58,11 +58,18 @@ import tempfile
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import torch
 
-import dtensor_rules  # noqa: F401  (installs the rules)
-from dtensor_rules.models import MoE, MoEConfig, expert_parallel
-from dtensor_rules.models.expert_parallel import token_placements
+def load_torch() -> None:
+    """Import torch and the package. A script run imports them after its arguments are checked
+    (``main``), so a bad argument is answered at once; an import of this file (a test, or a rank
+    process of ``run_gloo``) imports them at the bottom of the file."""
+    global torch, MoE, MoEConfig, expert_parallel, token_placements
+    import torch
+
+    import dtensor_rules  # noqa: F401  (installs the rules)
+    from dtensor_rules.models import MoE, MoEConfig, expert_parallel
+    from dtensor_rules.models.expert_parallel import token_placements
+
 
 DIM, HIDDEN, N_EXPERTS, TOKENS, LR, WEIGHT_DECAY, MAX_NORM = 16, 32, 4, 24, 1e-2, 0.1, 0.5
 MAX_GLOO_RANKS = 8  # dtensor_rules.testing.run_gloo's limit on one machine
@@ -438,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         if torchrun and os.environ.get("RANK", "0") != "0":
             return 2  # rank 0 says why
         parser.error(problem)
+    load_torch()
     balance = None if args.balance_loss is None else Balance(args.balance_loss, args.balance_alpha)
     world_size = math.prod(dims.values())
     save_at = None if args.simulated or args.resume else args.save_at
@@ -492,3 +500,5 @@ def torchrun_rank(dims: dict[str, int], args: argparse.Namespace, header: str, s
 
 if __name__ == "__main__":
     sys.exit(main())
+else:
+    load_torch()

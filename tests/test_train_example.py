@@ -148,6 +148,16 @@ def test_bad_arguments_are_refused_before_any_work(no_work, argv, message, capsy
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a fresh interpreter: its imports are what is under test
+def test_a_bad_mesh_is_answered_before_torch_is_imported() -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.run([sys.executable, "-X", "importtime", str(SCRIPT), "--mesh", "ep=3"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 2 and "--mesh ep=3: the block has 4 experts" in proc.stderr
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "argparse" in imported and "torch" not in imported
+
+
 def test_resume_needs_a_checkpoint_before_the_last_step(no_work, tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         no_work.main(["--checkpoint-dir", str(tmp_path), "--resume"])
