@@ -2,9 +2,11 @@
 # One entry point that needs nothing pre-installed but Python 3.10+:
 #   ./run.sh demo   -- the MoE demo on a simulated 2x2 mesh
 #   ./run.sh test   -- the test suite
-# It creates .venv (once), installs the package with its extras (EXTRAS; default "test" for
-# the tests, none for the demo; CI uses "test,triton,solver,torchtitan") and torch pinned by constraints.txt
-# (2.13.0, the CPU build), then runs the command.
+# It creates .venv (once), installs the package with its extras (EXTRAS; for `test` the default is
+# CI's "test,triton,solver,torchtitan", so the suite runs what CI runs; none for the other commands)
+# and torch pinned by constraints.txt (2.13.0: pip takes a 2.13.0+cpu wheel where one is visible to it,
+# else the registry's 2.13.0, which on Linux x86_64 is the CUDA build; README.md, "What gets installed"),
+# then runs the command. EXTRAS=test ./run.sh test installs less, and the tests of the missing extras skip.
 # TORCH_VERSION=2.14.1 ./run.sh test  -- the same in .venv-2.14.1, torch pinned by
 # constraints-2.14.txt (the registry's CUDA build, ~5.5 GB; it runs on CPU).
 set -euo pipefail
@@ -15,14 +17,16 @@ usage: ./run.sh COMMAND [ARGS...]
 
   demo [--mesh 2x2]                 the MoE demo on a simulated mesh (about a minute)
   test [PYTEST ARGS...]             the test suite (pytest -n 2)
-  validate --op OP [--mesh 2x2] [--json]
+  validate --op OP [--mesh 2x2] [--json] [--import MODULE]
                                     check ours vs upstream's rule for OP against ground truth
+                                    (--import: the module that registers a rule of yours)
   status                            which ops have our rule, upstream's, and which is active
   coverage [--mesh 2x2] [--hardware h100]
                                     each op of the demo's MoE block: rule source and cost
 
 ./run.sh COMMAND --help explains a command. The first run creates .venv and installs
-the package and torch (CPU) there; EXTRAS=test,triton ./run.sh ... adds extras.
+the package and torch 2.13.0 there (test: with CI's extras test,triton,solver,torchtitan);
+EXTRAS=... ./run.sh ... chooses the extras.
 EOF
 }
 cmd=${1:-}
@@ -41,8 +45,8 @@ esac
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
-# the demo needs only the package; tests need the [test] extras
-[ "$cmd" = test ] && default_extras=test || default_extras=
+# the demo needs only the package; the tests get CI's extras, so that none of them skips
+[ "$cmd" = test ] && default_extras=test,triton,solver,torchtitan || default_extras=
 EXTRAS=${EXTRAS-$default_extras}
 hash=$( (cat setup.py "$CONSTRAINTS") | cksum | cut -d' ' -f1)
 want=$(echo "$EXTRAS" | tr ',' '\n' | sed '/^$/d' | sort -u)

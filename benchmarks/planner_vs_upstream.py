@@ -78,11 +78,10 @@ def rand_state(rng, mesh_ndim, tensor_ndim, p_rep=0.3, p_par=0.0):
     return tuple(pl), {d: tuple(ms) for d, ms in sorted(order.items())}
 
 
-def ranks(order: dict[int, tuple[int, ...]], mesh_ndim: int) -> tuple[int, ...]:
-    """The same device order as ranks (entry i = order rank of mesh dim i): per-dim orders use disjoint mesh dims."""
+def as_permutation(order: dict[int, tuple[int, ...]], mesh_ndim: int) -> tuple[int, ...]:
+    """The same device order as one permutation of the mesh dims, major first: per-dim orders use disjoint mesh dims."""
     seq = [m for _, ms in sorted(order.items()) for m in ms]
-    seq += [m for m in range(mesh_ndim) if m not in seq]
-    return tuple(seq.index(m) for m in range(mesh_ndim))
+    return tuple(seq + [m for m in range(mesh_ndim) if m not in seq])
 
 
 def spec_of(mesh, layout: Layout, meta) -> DTensorSpec:
@@ -183,7 +182,8 @@ def main() -> None:
             with upstream.min_cost_planning():
                 up_cached(s_spec, d_spec)  # fills upstream's cache
                 cu.append(_one_call(lambda: up_cached(s_spec, d_spec)))
-            so_r, do_r = ranks(so, len(mesh_shape)), ranks(do, len(mesh_shape))  # the orders as immutable rank tuples
+            so_r, do_r = as_permutation(so, len(mesh_shape)), as_permutation(do, len(mesh_shape))  # the orders as immutable tuples
+            assert Layout.from_placements(spl, len(shape), so_r) == src and Layout.from_placements(dpl, len(shape), do_r) == dst
             call = lambda: plan(mesh_shape, shape, torch.float32, spl, dpl, src_device_order=so_r, dst_device_order=do_r, topology=up_topo)
             clear_plan_cache()
             t0 = time.perf_counter()

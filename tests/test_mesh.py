@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import Shard, distribute_tensor
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from dtensor_rules.testing import fake_world, run_gloo, simulated_mesh
 
@@ -78,3 +78,47 @@ def test_fake_world_is_restored_after_a_nested_size():
             assert dist.get_world_size() == 2
         assert dist.get_world_size() == 4
     assert not dist.is_initialized()
+
+
+def test_a_nested_simulated_mesh_of_another_size_is_refused_at_once():
+    with simulated_mesh((2,)) as outer:
+        with pytest.raises(RuntimeError, match=r"simulated_mesh\(\(2, 2\)\) \(4 ranks\) cannot open inside a simulated "
+                                               r"mesh of 2 ranks: .*close the outer block first"):
+            with simulated_mesh((2, 2)):
+                pass
+        x = torch.arange(6.0)  # the outer mesh still works
+        torch.testing.assert_close(distribute_tensor(x, outer, [Shard(0)]).full_tensor()._local_tensors[1], x)
+    with simulated_mesh((2, 2)):  # and the refused size opens once the outer block is closed
+        pass
+
+
+def test_a_nested_simulated_mesh_of_the_same_size_works():
+    x = torch.arange(6.0)
+    with simulated_mesh((4,)) as outer:
+        with simulated_mesh((2, 2)) as inner:
+            d = distribute_tensor(x, inner, [Shard(0), Replicate()])
+            torch.testing.assert_close(d.full_tensor()._local_tensors[3], x)
+        torch.testing.assert_close(distribute_tensor(x, outer, [Shard(0)]).full_tensor()._local_tensors[2], x)
+
+
+def test_inductors_failure_on_a_local_tensor_leaves_the_block_as_one_clear_error():
+    """What inductor raises on a LocalTensor (the real compile: the slow test below)."""
+    with pytest.raises(RuntimeError, match=COMPILE_UNSUPPORTED_START) as info:
+        with simulated_mesh((2,)):
+            raise RuntimeError("backend='inductor' raised:\nRuntimeError: Cannot access data pointer of Tensor (e.g. FakeTensor)")
+    assert "Cannot access data pointer" in str(info.value.__cause__)
+    with pytest.raises(RuntimeError, match="^an unrelated failure$"):  # other errors pass through as they are
+        with simulated_mesh((2,)):
+            raise RuntimeError("an unrelated failure")
+
+
+@pytest.mark.slow  # an inductor compile
+def test_compiling_with_inductor_on_a_simulated_mesh_says_what_works():
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match=COMPILE_UNSUPPORTED_START + r".*run_gloo"):
+        with simulated_mesh((2,)) as mesh:
+            x = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])
+            torch.compile(lambda t: (t * 2).sin())(x)
+
+
+COMPILE_UNSUPPORTED_START = r"^torch.compile with the inductor backend cannot compile DTensor code on a simulated mesh"

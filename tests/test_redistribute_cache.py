@@ -108,7 +108,7 @@ def test_different_dtype_topology_or_cap_is_a_different_entry():
 
 
 def test_bad_input_still_raises_after_an_equal_valid_call():
-    """A float mesh dim or order rank compares equal to an int: the caches must not let it through."""
+    """A float mesh dim or order entry compares equal to an int: the caches must not let it through."""
     plan(MESH, SHAPE, torch.float32, SRC, DST, src_device_order=(1, 0))
     with pytest.raises(ValueError, match="positive ints"):
         plan((2.0, 2), SHAPE, torch.float32, SRC, DST, src_device_order=(1, 0))

@@ -12,7 +12,7 @@ from dtensor_rules.redistribute import Topology, plan
 class TestExplain(TestCase):
     def test_seed_example_explain(self):
         p = plan((2, 2, 2), (1024, 256), torch.float32, (Shard(0),) * 3, (Replicate(), Shard(0), Shard(0)),
-                 src_device_order=(0, 1, 2), dst_device_order=(2, 0, 1), topology=Topology.node_aware((2, 2, 2), 4))
+                 src_device_order=(0, 1, 2), dst_device_order=(1, 2, 0), topology=Topology.node_aware((2, 2, 2), 4))
         self.assertExpectedInline(p.explain(), """\
 step  collective  mesh dims  bytes   cost_us  layout after
 0     start                                   S(0)[0,1,2]
@@ -26,7 +26,7 @@ total 33.9 us, peak 262144 bytes/rank, mesh (2, 2, 2), shape (1024, 256)""")
         from dtensor_rules.redistribute.planner import PlanContext, build_plan
 
         src = Layout.from_placements((Shard(0),) * 3, 2, (0, 1, 2))
-        dst = Layout.from_placements((Replicate(), Shard(0), Shard(0)), 2, (2, 0, 1))
+        dst = Layout.from_placements((Replicate(), Shard(0), Shard(0)), 2, (1, 2, 0))
         ctx = PlanContext((2, 2, 2), (1024, 256), 4, Topology.node_aware((2, 2, 2), 4), flatten=False)
         self.assertExpectedInline(build_plan(ctx, src.state, dst.state, "sum", None).explain(), """\
 step  collective  mesh dims  bytes   cost_us  layout after

@@ -15,13 +15,11 @@ One exception, so the command line answers ``--help`` and typos at once: while
 importing torch; the chosen command calls :func:`load` (any missing attribute loads too).
 """
 
-from __future__ import annotations
+# The module's own imports go under private names: the top level holds the documented API only.
+import os as _os
+import sys as _sys
 
-import os
-import sys
-from typing import Any
-
-MIN_TORCH = (2, 13)
+_MIN_TORCH = (2, 13)
 __version__ = "0.1.0"
 __all__ = [
     "Rule",
@@ -47,9 +45,9 @@ def _check_torch() -> None:
     except ImportError as e:  # pragma: no cover - exercised only without torch
         raise ImportError("dtensor_rules needs PyTorch >= 2.13: pip install torch==2.13.0") from e
     version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
-    if version < MIN_TORCH:
+    if version < _MIN_TORCH:
         raise ImportError(
-            f"dtensor_rules needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}, found {torch.__version__}; "
+            f"dtensor_rules needs torch >= {_MIN_TORCH[0]}.{_MIN_TORCH[1]}, found {torch.__version__}; "
             "upgrade with: pip install 'torch==2.13.0'"
         )
     from dtensor_rules._upstream.version import TESTED_TORCH
@@ -59,7 +57,7 @@ def _check_torch() -> None:
 
         newest = ".".join(map(str, max(TESTED_TORCH)))
         warnings.warn(
-            f"dtensor_rules is tested on torch {MIN_TORCH[0]}.{MIN_TORCH[1]} to {newest}, found {torch.__version__}: "
+            f"dtensor_rules is tested on torch {_MIN_TORCH[0]}.{_MIN_TORCH[1]} to {newest}, found {torch.__version__}: "
             "upstream's private DTensor internals may have changed (tests/test_upstream_contract.py checks them), "
             "and install() keeps upstream's rule wherever it has one (no measurement for this release)",
             stacklevel=2,
@@ -83,11 +81,11 @@ def load() -> None:
     names = ("Rule", "RuleError", "get_rule", "install", "installed", "register", "rules", "status", "uninstall")
     globals().update({n: getattr(registry, n) for n in names})
     globals().update(distribute_tensor=distribute_tensor, plan=plan, redistribute_with_order=redistribute_with_order)
-    if os.environ.get("DTENSOR_RULES_NO_INSTALL", "") not in ("1", "true", "True"):
+    if _os.environ.get("DTENSOR_RULES_NO_INSTALL", "") not in ("1", "true", "True"):
         registry.install()
 
 
-def __getattr__(name: str) -> Any:  # only reached for names not loaded yet (the CLI's deferred start)
+def __getattr__(name: str) -> object:  # only reached for names not loaded yet (the CLI's deferred start)
     if not _loaded and not name.startswith("__"):
         load()
         if name in globals():
@@ -97,11 +95,11 @@ def __getattr__(name: str) -> Any:  # only reached for names not loaded yet (the
 
 def _cli_starting() -> bool:
     """True while ``python -m dtensor_rules ...`` locates its __main__ or the console script starts."""
-    if os.path.basename(sys.argv[0] if sys.argv else "") == "dtensor-rules":
+    if _os.path.basename(_sys.argv[0] if _sys.argv else "") == "dtensor-rules":
         return True
-    if sys.argv[:1] != ["-m"]:  # runpy sets argv[0] = "-m" only while it imports the -m target's packages
+    if _sys.argv[:1] != ["-m"]:  # runpy sets argv[0] = "-m" only while it imports the -m target's packages
         return False
-    argv = list(getattr(sys, "orig_argv", ()))
+    argv = list(getattr(_sys, "orig_argv", ()))
     return any(a == "-mdtensor_rules" or (a == "-m" and argv[i + 1: i + 2] == ["dtensor_rules"]) for i, a in enumerate(argv))
 
 

@@ -42,7 +42,9 @@ DESCRIPTIONS = {
     "validate": "Check our sharding rule and upstream's for one op against ground truth: every layout "
                 "a rule offers is run on a simulated mesh and compared with plain torch on the full tensor "
                 "(correct or incorrect), and every valid layout a rule does not offer is its missing one "
-                "(-v lists ours, each with why). Exit status 1 if our rule offers an incorrect layout.",
+                "(-v lists ours, each with why). A rule of your own is checked on its samples= after "
+                "--import MODULE loads the module that registers it. "
+                "Exit status 1 if our rule offers an incorrect layout.",
     "status": "List every op this package has a rule for: whether upstream has one too, which one is "
               "active in DTensor's dispatch, and why (the install policy's measured comparison); then every named patch (docs/patches.md) "
               "with its default, state and reason.",
@@ -58,16 +60,60 @@ def _load() -> None:
     dtensor_rules.load()
 
 
+def _import_user_modules(names: Sequence[str]) -> str | None:
+    """Import each ``--import`` target (a module name or a .py file): its ``register(...)`` calls
+    add the user's rules. Returns an error line, or None."""
+    import importlib
+    import importlib.util
+    import os
+
+    if os.getcwd() not in sys.path and "" not in sys.path:  # as `python -m` does: the user's folder is importable
+        sys.path.append(os.getcwd())
+    for name in names:
+        try:
+            if name.endswith(".py"):
+                spec = importlib.util.spec_from_file_location(os.path.basename(name)[:-3], name)
+                if spec is None or spec.loader is None or not os.path.isfile(name):
+                    return f"--import {name}: no such file"
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[spec.name] = module
+                spec.loader.exec_module(module)
+            else:
+                importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name is not None and name.split(".")[0] == e.name.split(".")[0]:
+                return (f"--import {name}: no module named {e.name!r}; run from the folder that holds it "
+                        "or add that folder to PYTHONPATH (a file path such as rules/mine.py works too)")
+            raise
+    return None
+
+
 def _validate(args: argparse.Namespace) -> int:
+    from dtensor_rules.cli.op_names import is_shipped_name, unknown_op_message
+
+    imports = args.imports or []
+    if not imports and not is_shipped_name(args.op):  # a typo: answered before torch loads
+        from dtensor_rules.cli.shipped_op_names import SHIPPED_OP_NAMES
+
+        print(f"error: {unknown_op_message(args.op, SHIPPED_OP_NAMES)}", file=sys.stderr)
+        return 2
     _load()
     from dtensor_rules import registry
+    from dtensor_rules.cli.op_names import accepted_names
     from dtensor_rules.cli.resolve import resolve
     from dtensor_rules.testing import check_samples
 
+    failed = _import_user_modules(imports)
+    if failed:
+        print(f"error: {failed}", file=sys.stderr)
+        return 2
     try:
         op, samples, _how = resolve(args.op)  # every shipped rule: own suite, deferred op, out=/in-place variants
     except KeyError as e:
-        print(f"error: {e.args[0]}", file=sys.stderr)
+        message = e.args[0]
+        if message.startswith("unknown op"):
+            message = unknown_op_message(args.op, accepted_names(), imports)
+        print(f"error: {message}", file=sys.stderr)
         return 2
     report = check_samples(op, samples, args.mesh, progress=not args.json)
     if args.json:  # stdout is exactly one JSON document
@@ -126,7 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_demo)
     p = sub.add_parser("validate", help="validate ours vs upstream's rule for an op against ground truth",
                        description=DESCRIPTIONS["validate"])
-    p.add_argument("--op", required=True, help="e.g. fma, cumsum, moe_permute_indices, aten._softmax_backward_data.default")
+    p.add_argument("--op", required=True, help="e.g. fma, cumsum, moe_permute_indices, aten._softmax_backward_data.default, "
+                   "or a rule of your own (with --import)")
+    p.add_argument("--import", dest="imports", action="append", metavar="MODULE",
+                   help="import MODULE (a module name, e.g. mypkg.rules, or a .py file) first, so the rules its "
+                        "register(...) calls define can be validated; repeatable")
     p.add_argument("--mesh", type=parse_mesh, default=(2,), help=f"2, 2x2 or 2x2x2 (at most {MAX_RANKS} ranks)")
     p.add_argument("--json", action="store_true", help="print only one JSON document on stdout")
     p.add_argument("-v", "--verbose", action="store_true", help="list the layouts our rule misses, each with why")

@@ -17,7 +17,9 @@ from typing import Any, NamedTuple
 import torch
 from torch._ops import OpOverload
 
-__all__ = ["Resolved", "resolve", "spellings"]
+from dtensor_rules.cli.op_names import spellings
+
+__all__ = ["Resolved", "resolve"]
 
 Samples = list[tuple[tuple[Any, ...], dict[str, Any]]]
 
@@ -26,12 +28,6 @@ class Resolved(NamedTuple):
     op: OpOverload
     samples: Samples
     how: str  # "own suite", "functional counterpart's suite", "<op>'s suite"
-
-
-def spellings(name: str) -> set[str]:
-    """'prims.fma.default' -> {'prims.fma.default', 'prims.fma', 'fma', 'prims::fma', ...}."""
-    ns_packet = name.rsplit(".", 1)[0] if name.count(".") >= 2 else name
-    return {name, ns_packet, ns_packet.split(".")[-1], name.replace(".", "::", 1), ns_packet.replace(".", "::", 1)}
 
 
 def _define_deferred(name: str) -> None:

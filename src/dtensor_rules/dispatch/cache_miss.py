@@ -84,6 +84,21 @@ def check_mask_shapes(self_shape: Sequence[int], indices: Sequence[object]) -> N
             cursor += 1
 
 
+def _replicated(x: DTensor) -> DTensor:
+    """``x`` replicated on every mesh dim, one mesh dim per redistribute, minor first.
+
+    The collectives are the ones upstream runs for a single all-Replicate redistribute, in the same
+    order, but that call would also log a warning in the user's script that its sequential
+    all_gathers could be one on a flattened mesh.
+    """
+    placements = list(x.placements)
+    for m in reversed(range(x.device_mesh.ndim)):
+        if placements[m] != Replicate():
+            placements[m] = Replicate()
+            x = x.redistribute(x.device_mesh, placements)
+    return x
+
+
 def masks_to_indices(indices: list[object]) -> list[object]:
     """Replace each bool mask in an index list by the long index tensors it stands for.
 
@@ -99,7 +114,7 @@ def masks_to_indices(indices: list[object]) -> list[object]:
         if not isinstance(idx, DTensor):
             raise RuntimeError("aten.index.Tensor: a plain-tensor bool mask mixed with DTensors; make it a DTensor")
         mesh = idx.device_mesh
-        full = idx.redistribute(mesh, [Replicate()] * mesh.ndim).to_local()
+        full = _replicated(idx).to_local()
         for coord in full.bool().nonzero(as_tuple=True):
             out.append(DTensor.from_local(coord, mesh, [Replicate()] * mesh.ndim, run_check=False))
     return out

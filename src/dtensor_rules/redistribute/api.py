@@ -61,20 +61,39 @@ def _plan_layouts(mesh_shape: tuple[int, ...], shape: Sequence[int], dtype: torc
     return build_plan(ctx, src.state, dst.state, op, max_peak_bytes)
 
 
+# short names people write for a dtype (numpy-, config- and paper-style), to torch's attribute name
+_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64",
+                  "f16": "float16", "f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64"}
+
+
+def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """``torch.bfloat16``, or a name of one: ``"bf16"``, ``"bfloat16"``, ``"torch.bfloat16"``, ``"fp32"``, ..."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str):
+        name = dtype.strip().lower().removeprefix("torch.")
+        found = getattr(torch, _DTYPE_ALIASES.get(name, name), None)
+        if isinstance(found, torch.dtype):
+            return found
+        raise ValueError(f"dtype {dtype!r} names no torch dtype; pass e.g. torch.bfloat16, 'bf16' or 'float32'")
+    raise TypeError(f"dtype must be a torch.dtype or its name (e.g. torch.bfloat16 or 'bf16'), got {type(dtype).__name__}")
+
+
 @functools.lru_cache(maxsize=8)
 def _uniform(mesh_ndim: int) -> Topology:
     return Topology.uniform(mesh_ndim)
 
 
-def plan(mesh: DeviceMesh | Sequence[int], shape: Sequence[int], dtype: torch.dtype,
+def plan(mesh: DeviceMesh | Sequence[int], shape: Sequence[int], dtype: torch.dtype | str,
          src_placements: Sequence[Placement], dst_placements: Sequence[Placement], *,
          src_device_order: DeviceOrder = None, dst_device_order: DeviceOrder = None,
          topology: Topology | None = None, max_peak_bytes: int | None = None) -> Plan:
     """Cheapest chain of collectives from (src placements, order) to (dst placements, order).
 
-    ``src_device_order`` / ``dst_device_order``: ``device_order[i]`` is the order rank of mesh dim
-    ``i`` (lower splits first) or a dict ``{tensor_dim: (major, ..., minor)}``; ``None`` =
-    left-to-right (DTensor's default). Raises ``NoPlanError`` if ``max_peak_bytes`` cannot be met.
+    ``src_device_order`` / ``dst_device_order``: the mesh dims from major (splits first) to minor,
+    as a permutation of all mesh dims or per tensor dim as a dict ``{tensor_dim: (major, ..., minor)}``
+    (upstream's ``shard_order``); ``None`` = left to right (DTensor's default). ``dtype`` is a
+    ``torch.dtype`` or its name (``"bf16"``, ``"bfloat16"``, ``"fp32"``, ...). Raises ``NoPlanError`` if ``max_peak_bytes`` cannot be met.
     Repeated calls are cached (``cache.py``); ``clear_plan_cache()`` forgets them.
     """
     try:  # the very same (immutable) argument objects as a previous call: see cache.py (inline: ~0.1 us)
@@ -92,6 +111,7 @@ def plan(mesh: DeviceMesh | Sequence[int], shape: Sequence[int], dtype: torch.dt
 def _plan_args(others: tuple, src_placements: Sequence[Placement], dst_placements: Sequence[Placement]) -> Plan:
     """``plan()`` past the identity caches: validate, normalise, then the layout cache or a search."""
     mesh, shape, dtype, src_device_order, dst_device_order, topology, max_peak_bytes = others
+    dtype = as_dtype(dtype)
     mesh_shape = _mesh_shape(mesh)
     for name, pl in (("src_placements", src_placements), ("dst_placements", dst_placements)):
         if len(tuple(pl)) != len(mesh_shape):

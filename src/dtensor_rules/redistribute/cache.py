@@ -19,7 +19,7 @@ microsecond; normalising placements and device orders again on every call cost ~
    Entries are plain tuples in ``ENTRY`` order, not NamedTuples: unpacking a tuple subclass is
    not specialised by the interpreter and cost ~40 ns more, a fifth of the fast path.
 2. ``BY_LAYOUT``: keyed on the canonical inputs (``PlanKey``), so equal inputs in any spelling
-   (lists, dict or rank device orders, negative dims) share one entry and one search.
+   (lists, dict or tuple device orders, negative dims) share one entry and one search.
 """
 
 from __future__ import annotations

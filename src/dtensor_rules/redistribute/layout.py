@@ -57,8 +57,11 @@ def _check_placements(placements: Sequence[Placement], mesh_ndim: int, tensor_nd
 def normalize_orders(placements: Sequence[Placement], device_order: DeviceOrder, tensor_ndim: int) -> Orders:
     """Per-tensor-dim shard orders from placements + a device order (either form).
 
-    ``device_order[i]`` is the order rank of mesh dim ``i`` (lower = splits first), or a dict
-    ``{tensor_dim: (major_mesh_dim, ..., minor_mesh_dim)}``; ``None`` = left-to-right.
+    Both forms list mesh dims major (splits first) to minor, upstream's ``shard_order`` meaning:
+    a permutation of all mesh dims, from which each tensor dim takes the mesh dims that shard it
+    in that order, or a dict ``{tensor_dim: (major_mesh_dim, ..., minor_mesh_dim)}``;
+    ``None`` = left to right. So ``(2, 0, 1)`` and ``{0: (2, 0, 1)}`` are the same layout when
+    all three mesh dims shard tensor dim 0.
     """
     mesh_ndim = len(placements)
     by_dim: dict[int, list[int]] = {}
@@ -66,7 +69,7 @@ def normalize_orders(placements: Sequence[Placement], device_order: DeviceOrder,
         if type(p) is Shard:
             by_dim.setdefault(p.dim, []).append(m)
     if device_order is None:
-        ranks = list(range(mesh_ndim))
+        position = list(range(mesh_ndim))
     elif isinstance(device_order, Mapping):
         orders: list[tuple[int, ...]] = [() for _ in range(tensor_ndim)]
         for d, ms in device_order.items():
@@ -86,13 +89,16 @@ def normalize_orders(placements: Sequence[Placement], device_order: DeviceOrder,
                 orders[d] = tuple(ms)
         return tuple(orders)
     else:
-        ranks = list(device_order)
-        if sorted(ranks) != list(range(mesh_ndim)) or not all(isinstance(r, int) for r in ranks):
+        major_to_minor = list(device_order)
+        if sorted(major_to_minor) != list(range(mesh_ndim)) or not all(isinstance(m, int) for m in major_to_minor):
             raise ValueError(
                 f"device_order {tuple(device_order)} must be a permutation of 0..{mesh_ndim - 1} "
-                "(entry i = order rank of mesh dim i)"
+                "(the mesh dims from major to minor: the first listed splits first)"
             )
-    return tuple(tuple(sorted(by_dim.get(d, []), key=lambda m: ranks[m])) for d in range(tensor_ndim))
+        position = [0] * mesh_ndim
+        for i, m in enumerate(major_to_minor):
+            position[m] = i
+    return tuple(tuple(sorted(by_dim.get(d, []), key=lambda m: position[m])) for d in range(tensor_ndim))
 
 
 @dataclass(frozen=True)

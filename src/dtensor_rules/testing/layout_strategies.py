@@ -11,7 +11,7 @@ __all__ = ["layout_args", "layout_pairs"]
 @st.composite
 def layout_args(draw: st.DrawFn, mesh_ndim: int, tensor_ndim: int, partial: bool = True,
                 reduce_op: str = "sum") -> tuple[tuple[Placement, ...], tuple[int, ...]]:
-    """(placements, device_order) with device_order a random permutation (entry i = rank of mesh dim i)."""
+    """(placements, device_order) with device_order a random permutation (mesh dims, major first)."""
     options: list[Placement] = [Replicate()] + [Shard(d) for d in range(tensor_ndim)]
     if partial:
         options.append(Partial(reduce_op))

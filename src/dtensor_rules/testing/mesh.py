@@ -15,6 +15,7 @@ import contextlib
 import math
 import os
 import queue as queue_module
+import sys
 import tempfile
 import time
 import traceback
@@ -66,13 +67,35 @@ def fake_world(world_size: int) -> Iterator[None]:
             return
         previous = dist.get_world_size()
         dist.destroy_process_group()
-    dist.init_process_group("fake", rank=0, world_size=world_size)
+    _init_fake(world_size)
     try:
         yield
     finally:
         dist.destroy_process_group()
         if previous is not None:
-            dist.init_process_group("fake", rank=0, world_size=previous)
+            _init_fake(previous)
+
+
+def _init_fake(world_size: int) -> None:
+    """``init_process_group("fake")`` without its ``sys.excepthook`` wrapper: every init wraps the
+    hook once more to prefix ``[rank0]:`` (a prefix per mesh a script ever opened), and in a
+    simulated world rank 0 is not the rank that raised."""
+    hook = sys.excepthook
+    try:
+        dist.init_process_group("fake", rank=0, world_size=world_size)
+    finally:
+        sys.excepthook = hook
+
+
+# world sizes of the simulated meshes open now, outermost first (their LocalTensorModes nest)
+_OPEN_WORLDS: list[int] = []
+# what inductor raises when it reaches a LocalTensor's storage
+_NO_DATA_POINTER = "Cannot access data pointer of Tensor"
+COMPILE_UNSUPPORTED = (
+    "torch.compile with the inductor backend cannot compile DTensor code on a simulated mesh (every rank's "
+    "tensor lives in one LocalTensor, which has no storage to hand to a kernel): compile on real ranks with "
+    "dtensor_rules.testing.run_gloo (docs/compile.md, 'Real ranks: run_gloo'), or run eagerly here"
+)
 
 
 @contextlib.contextmanager
@@ -85,15 +108,31 @@ def simulated_mesh(shape: Sequence[int] | int, names: Sequence[str] | None = Non
     Tensors made before the block are plain, one for all ranks: upstream's ``distribute_tensor``
     keeps a replicated one shared (an in-place update, e.g. an optimizer step, then lands once
     per rank). ``dtensor_rules.distribute_tensor``, ``shard_moe`` and ``expert_parallel`` give
-    every rank its own copy. ``torch.compile`` does not run here (upstream limits, docs/compile.md);
-    compile on real ranks with :func:`run_gloo`.
+    every rank its own copy. ``torch.compile`` does not run here (upstream limits, docs/compile.md):
+    inductor's failure on a LocalTensor leaves the block as a RuntimeError saying so; compile on
+    real ranks with :func:`run_gloo`. Meshes nest only with the same number of ranks (one
+    simulated world at a time); a nested one of another size raises RuntimeError at once.
     """
     shape = _check_shape(shape)
     if names is not None and len(names) != len(shape):
         raise ValueError(f"{len(names)} mesh dim names given for a {len(shape)}-D mesh")
     world = math.prod(shape)
-    with fake_world(world), LocalTensorMode(frozenset(range(world))):
-        yield init_device_mesh("cpu", shape, mesh_dim_names=tuple(names) if names else None)
+    if _OPEN_WORLDS and _OPEN_WORLDS[-1] != world:
+        raise RuntimeError(
+            f"simulated_mesh({shape}) ({world} ranks) cannot open inside a simulated mesh of {_OPEN_WORLDS[-1]} ranks: "
+            "one simulated world at a time; close the outer block first, or give both meshes the same number of ranks"
+        )
+    _OPEN_WORLDS.append(world)
+    try:
+        with fake_world(world), LocalTensorMode(frozenset(range(world))):
+            try:
+                yield init_device_mesh("cpu", shape, mesh_dim_names=tuple(names) if names else None)
+            except RuntimeError as e:
+                if _NO_DATA_POINTER in str(e):
+                    raise RuntimeError(COMPILE_UNSUPPORTED) from e
+                raise
+    finally:
+        _OPEN_WORLDS.pop()
 
 
 def process_context() -> Any:

@@ -80,7 +80,7 @@ def placement_lists(mesh_ndim: int, tensor_ndim: int, partial: bool = False) -> 
 
 
 def device_orders(mesh_ndim: int) -> st.SearchStrategy[tuple[int, ...]]:
-    """A permutation of ``range(mesh_ndim)``: entry i is the order rank of mesh dim i."""
+    """A permutation of ``range(mesh_ndim)``: the mesh dims from major (splits first) to minor."""
     return st.permutations(list(range(mesh_ndim))).map(tuple)
 
 
