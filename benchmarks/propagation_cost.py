@@ -7,10 +7,11 @@ installed, then with upstream's. No rank runs: only DTensor's sharding propagati
 (strategy expansion, fake-tensor output metadata, min-cost selection) is timed.
 
 Cases are labelled: ``even`` (token count divisible by every mesh size: the flattering
-case), ``uneven`` (T = 4099: uneven shards on every mesh dim), ``many`` (cat of 6-8 inputs,
-Replicate / Partial / sharded), ``2-dim`` (tokens sharded over two mesh dims), ``moves`` (no
-strategy takes the inputs as they are: a redistribution must be chosen). All but ``even`` are
-unfavourable to us. Our rules' row memos (cat, slice_scatter) are cleared with DTensor's caches. Printed: per case and mesh the minimum of
+case), ``uneven`` (T = 4099: uneven shards on every mesh dim), ``many`` (cat of 6-12 inputs,
+Replicate / Partial / sharded), ``many-moves`` (cat of 6 and 12 token shards along the sharded
+dim: every input must move, so dispatch searches), ``2-dim`` (tokens sharded over two mesh
+dims), ``moves`` (no strategy takes the inputs as they are: a redistribution must be chosen).
+All but ``even`` are unfavourable to us. Our rules' row memos (cat, slice_scatter) are cleared with DTensor's caches. Printed: per case and mesh the minimum of
 the timed repeats (ours and upstream alternate call by call, so load on the shared machine
 hits both; the minimum is the least disturbed estimate), ours/upstream ratio, and the number of strategies the min-cost selection
 chose from (ours/upstream); then, per mesh, the median and max ratio, and how each side's
@@ -19,6 +20,7 @@ time grows from the 8-rank to the 512-rank mesh.
     python benchmarks/propagation_cost.py              # the full table (minutes on 2 cores)
     python benchmarks/propagation_cost.py --quick      # (8,) and (8,8,8) only, five repeats
     python benchmarks/propagation_cost.py --json       # one JSON document on stdout
+    python benchmarks/propagation_cost.py --mesh 2x2x2 --mesh 8x8x8 --repeats 5 --op aten.cat --op index_put
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from dtensor_rules.testing import fake_world
 aten = torch.ops.aten
 MESHES: tuple[tuple[int, ...], ...] = ((8,), (8, 8), (8, 8, 8), (4, 4, 4, 4))
 E, K, D, H = 64, 8, 512, 1024  # experts, top-k, model dim, expert hidden dim
+SLOW_RATIO = 2.0  # cases slower than this many times upstream are listed by name under the table
 
 
 class Case(NamedTuple):
@@ -121,6 +124,10 @@ def cases() -> list[Case]:
         c(aten.detach.default, lambda m, T=T: ((_dt(m, (T, D), S0),), {}))
     T = 4096
     out.append(Case(aten.cat.default, "many", lambda m: (([_dt(m, (T, D), S0) for _ in range(8)], 0), {})))
+    # token shards joined along the sharded dim (they must move): the dispatch search's worst case
+    for n in (6, 12):
+        out.append(Case(aten.cat.default, "many-moves", lambda m, n=n: (([_dt(m, (T, D), S0) for _ in range(n)], 0), {})))
+    out.append(Case(aten.cat.default, "many", lambda m: (([_dt(m, (T, D), S0) for _ in range(12)], 1), {})))
     out.append(Case(aten.cat.default, "many", lambda m: (([_dt(m, (T, D), S0, extra=Partial()) for _ in range(6)], 1), {})))
     out.append(Case(aten.cat.default, "many", lambda m: (([_dt(m, (4, 3), R, torch.float32) for _ in range(6)], 0), {})))
     out.append(Case(aten.cat.default, "many", lambda m: (
@@ -194,7 +201,7 @@ def time_pair(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], repeats: i
     return {o: Side(min(times[o]) * 1e3, counts[o], "") if o in live else sides[o] for o in (True, False)}
 
 
-def run(meshes: Sequence[tuple[int, ...]], repeats: int, budget_s: float, only: str | None) -> list[Row]:
+def run(meshes: Sequence[tuple[int, ...]], repeats: int, budget_s: float, only: Sequence[str] | None) -> list[Row]:
     ensure_prims_fma()
     rows = []
     for shape in meshes:
@@ -202,7 +209,7 @@ def run(meshes: Sequence[tuple[int, ...]], repeats: int, budget_s: float, only: 
             mesh = init_device_mesh("cpu", shape)
             for case in cases():
                 name = str(case.op)
-                if only and only not in name:
+                if only and not any(o in name for o in only):
                     continue
                 args, kwargs = case.build(mesh)
                 pair = time_pair(case.op, args, kwargs, repeats, budget_s)
@@ -251,6 +258,9 @@ def render(rows: Sequence[Row], summ: dict[str, Any]) -> str:
             continue
         lines.append(f"| {r.op} | {r.label} | {r.mesh} | {r.ours_ms:.2f} | {r.upstream_ms:.2f} | "
                      f"{r.ours_ms / r.upstream_ms:.2f}x | {r.ours_strategies}/{r.upstream_strategies} |")
+    over = [r for r in rows if r.ours_ms and r.upstream_ms and r.ours_ms > SLOW_RATIO * r.upstream_ms]
+    lines += ["", f"Cases over {SLOW_RATIO}x upstream: " + (", ".join(
+        f"{r.op} ({r.label}, {r.mesh}) {r.ours_ms / r.upstream_ms:.2f}x" for r in over) or "none")]
     lines += ["", "| mesh | median ratio | max ratio | worst case | cases |", "|---|---|---|---|---|"]
     for mesh, s in summ["per_mesh"].items():
         lines.append(f"| {mesh} | {s['median']:.2f}x | {s['max']:.2f}x | {s['worst']} | {s['n']} |")
@@ -272,10 +282,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="meshes (8,) and (8,8,8) only, five repeats")
     ap.add_argument("--repeats", type=int, default=15, help="cold propagations per case and side, alternating (min reported)")
-    ap.add_argument("--op", help="only ops whose name contains this")
+    ap.add_argument("--op", action="append", help="only ops whose name contains this (repeatable)")
+    ap.add_argument("--mesh", action="append", help="a mesh shape like 2x2x2 (repeatable; default: the four meshes)")
     ap.add_argument("--json", action="store_true", help="print one JSON document")
     args = ap.parse_args(argv)
     meshes = ((8,), (8, 8, 8)) if args.quick else MESHES
+    if args.mesh:
+        meshes = tuple(tuple(int(n) for n in m.split("x")) for m in args.mesh)
     repeats = 5 if args.quick else args.repeats
     rows = run(meshes, repeats, budget_s=2.0, only=args.op)
     summ = summary(rows)

@@ -135,3 +135,55 @@ def test_slice_scatter_dispatch_matches_torch_from_any_layout(data) -> None:  # 
         dx, dsrc = (to_dtensor(t, mesh, p, salt=i) for i, (t, p) in enumerate(zip((x, src), pls)))
         got = full_value(aten.slice_scatter.default(dx, dsrc, 0, start, end, step))
     torch.testing.assert_close(got, aten.slice_scatter.default(x, src, 0, start, end, step))
+
+
+def _priced_products(monkeypatch, run) -> int:  # noqa: ANN001
+    """How many full-mesh products dispatch's search prices while ``run()`` runs (cold caches)."""
+    from dtensor_rules.dispatch import greedy
+    from dtensor_rules._upstream import clear_sharding_caches
+
+    count = [0]
+    real = greedy._cost
+
+    def counting(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        count[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(greedy, "_cost", counting)
+    clear_sharding_caches()
+    run()
+    return count[0]
+
+
+def test_cat_of_many_shards_along_the_sharded_dim_prices_few_products_and_is_exact(monkeypatch) -> None:  # noqa: ANN001
+    """Every input must move (token shards joined along their sharded dim). Where no input is
+    Partial(op), a Partial(op) row only relabels Replicate inputs at the cost of all-Replicate, so
+    dispatch scores none: 2 usable rows per mesh dim (Replicate, Shard(1)), 8 products on (2, 2, 2)
+    searched exhaustively (every Partial variant would be 24 rows per mesh dim and a coordinate
+    descent of ~100 pricings)."""
+    for n in (6, 12):
+        tensors = [torch.randn(4, 3, generator=torch.Generator().manual_seed(i)) for i in range(n)]
+        with simulated_mesh((2, 2, 2)) as mesh:
+            xs = [to_dtensor(t, mesh, (Shard(0), R, R)) for t in tensors]
+            out = []
+            priced = _priced_products(monkeypatch, lambda: out.append(torch.cat(xs, 0)))
+            got = full_value(out[0])
+        torch.testing.assert_close(got, torch.cat(tensors, 0))
+        assert priced <= 8, (n, priced)
+
+
+def test_partial_rows_are_scored_where_an_input_is_partial_now() -> None:
+    """The one Partial(op) row kept for dispatch keeps the Partial(op) inputs as they are."""
+    with fake_world(8):
+        mesh = init_device_mesh("cpu", (2, 2, 2))
+        A = Partial("avg")
+        layouts = [(A, Shard(1), R) if i in (1, 3) else (R, Shard(1), R) for i in range(6)]
+        strategy = cat_strategy(_cat_schema(mesh, [(4, 3)] * 6, layouts, dim=0))
+        best = strategy.strategies[0]
+        assert [tuple(s.placements) for s in best.input_specs] == layouts  # no move: the Partial(avg) row
+        assert tuple(best.output_spec.placements) == (A, Shard(1), R)
+        x = _strategy(mesh, (8, 6), (A, R, R))
+        src = _strategy(mesh, (8, 2), (R, R, R))
+        strategy = slice_scatter_strategy(OpSchema(aten.slice_scatter.default, (x, src, 1, 0, 2), {}))
+        assert tuple(strategy.strategies[0].output_spec.placements) == (A, R, R)
+        assert [tuple(s.placements) for s in strategy.strategies[0].input_specs] == [(A, R, R), (R, R, R)]

@@ -49,6 +49,16 @@ rank is data dependent, not a chunk) unless values is constant along the nonzero
 ``Partial`` needs a non-bool dtype, ``P(avg)`` a floating one. Symbolic sizes: whether an index or
 values dim broadcasts (size 1) must be statically known; if not, rows that depend on it are dropped.
 
+Offered at dispatch, not to solvers. The ``P(avg)`` / ``P(max/min)`` rows of ``index_put`` with
+a ``Replicate`` self or values (``(P, R, P)`` and ``(P, P, R)`` over ``[self, indices, values]``)
+are correct: the mean, max or min of a replicated operand is itself. An eager call holds one
+layout per input, so dispatch takes such a row only where the operand IS replicated, and saves an
+all-reduce there. A solver is offered ``(P, P, P)`` instead and prices the ``Replicate ->
+Partial`` move of that operand itself (:mod:`dtensor_rules.core.solver_rows`): a solver that
+prices that move as impossible and a switch of Partial kind as free (AutoParallel) would
+otherwise pass a ``Partial(sum)`` value next to the replicated operand disguised as a mean
+(docs/solver.md, "AutoParallel's free partial switch").
+
 Duplicate coordinates with ``accumulate=False`` are nondeterministic on one device already; the
 strategies above keep the same "one write wins" semantics per rank but a sum of per-rank
 partials can mix winners, so the sample suites keep such indices unique.

@@ -23,7 +23,7 @@ P(avg) / P(max) / P(min)           a non-empty subset of E(op) P(op), the      e
                                    others R (every subset up to                element: the mean, max, min of a replicated
                                    ``MAX_SUBSET_INPUTS`` inputs in E(op),      value is itself, of a Partial one its value
                                    beyond that all of E(op) and each one;      (through a monotone cast for max/min)
-                                   dispatch also offers the subset that is
+                                   dispatch scores only the subset that is
                                    Partial now)
 a zero-element input: R or any     any row above (a non-legacy empty input     it contributes nothing, and its local piece is
 P(op) its dtype allows             only in rows sharding no non-cat dim)       empty too; a non-legacy one must still match
@@ -79,7 +79,10 @@ Dispatch cost: both rules are ``op_strategy`` rules built by
 :func:`dtensor_rules.dispatch.rows.rows_strategy`: dispatch prices at most two full-mesh
 strategies (the cheapest row per mesh dim from the current layouts, and all-Replicate);
 solvers and the validator, which pass several candidate layouts per input, get every row
-over every mesh dim.
+over every mesh dim. On a mesh dim where no input is Partial(op) now, dispatch scores no
+Partial(op) row (:func:`cat_dispatch_rows`, :func:`partial_rows_held_now`): such a row only
+relabels Replicate inputs or asks for a move dispatch does not run, so it never beats
+all-Replicate, and when the inputs must move the search priced every product of those rows.
 Upstream torch 2.13: cat offers one follow-the-exemplar strategy per input layout with no
 Partial max/min mixing and no cat-dim case; slice_scatter forces src to follow self, drops
 tensor_meta on inputs and never lets Partial through.
@@ -254,20 +257,38 @@ def _free_empty_inputs(rows: list[Row], call: CatCall) -> list[Row]:
     return [r for r in out if tuple(map(key, r)) not in seen]
 
 
-def cat_dispatch_rows(call: CatCall, current: Sequence[Key]) -> list[Row]:
-    """Rows dispatch scores on one mesh dim: the polynomial rows plus, per reduce op, the
-    eligible inputs that are Partial(op) now (the subset that needs no redistribution)."""
-    rows = list(cat_rows(call, subsets=False, free=False))
+@functools.lru_cache(maxsize=1024)  # asked per mesh dim by the greedy and again by the search; do not mutate
+def cat_dispatch_rows(call: CatCall, current: tuple[Key, ...]) -> tuple[Row, ...]:
+    """Rows dispatch scores on one mesh dim, given the inputs' placements there now: the Shard
+    rows, and per reduce op at most ONE Partial row, the one that keeps every input that is
+    Partial(op) now as it is.
+
+    Any other Partial(op) row is never cheaper: it either puts a Partial(op) input back to
+    Replicate (an all-reduce), or asks a Shard / other-Partial input for Partial(op) (a move
+    dispatch does not run), or only relabels a Replicate input as Partial(op) (a local no-op,
+    priced 0, the same cost as leaving it Replicate). So with no input Partial(op) now there is
+    no Partial(op) row (all-Replicate costs the same and is scored first), unless an ``out=``
+    tensor that is Partial(op) must be written. Every variant would give dispatch's search ~7
+    rows per reduce op and mesh dim to price for a cat whose inputs must move (6 inputs: 24 rows
+    per mesh dim, a coordinate descent instead of a small exhaustive search).
+    """
     n, R = len(call.dtypes), Replicate()
+    rows = [r for r in cat_rows(call, subsets=False, free=False) if not isinstance(r[0], Partial)]
+    out_now = current[-1] if call.has_out else None
     for reduce_op in partial_ops([call.out_dtype]):
+        P = Partial(reduce_op)
         if reduce_op == "sum":
+            if len(_eligible(call, "sum")) == len(_filled(call)) and (
+                    out_now == ("P", "sum") or any(current[i] == ("P", "sum") for i in call.real)):
+                rows.append(_with_out([P] + [P if i in call.real else R for i in range(n)], call.has_out))
             continue
         eligible = _eligible(call, reduce_op)
         now = [i for i in eligible if current[i] == ("P", reduce_op)]
-        if 1 < len(now) < len(eligible):  # "all" and "exactly one" are rows already
-            P = Partial(reduce_op)
+        if not now and out_now == ("P", reduce_op):
+            now = list(eligible)  # the out= tensor is Partial(op): every eligible input relabelled, no move
+        if now:
             rows.append(_with_out([P] + [P if i in now else R for i in range(n)], call.has_out))
-    return rows
+    return tuple(rows)
 
 
 def _cat_args(op_schema: OpSchema) -> tuple[list[Any], int]:
@@ -289,7 +310,8 @@ def cat_strategy(op_schema: OpSchema, full: bool = False) -> OpStrategy:
     if call is None:  # every input is a legacy empty tensor: only all-Replicate
         return rows_strategy(op_schema, lambda: [], lambda cur: [], out_input=out_input, full=full)
     return rows_strategy(
-        op_schema, lambda: list(cat_rows(call)), lambda cur: cat_dispatch_rows(call, cur), out_input=out_input, full=full
+        op_schema, lambda: list(cat_rows(call)), lambda cur: cat_dispatch_rows(call, tuple(cur)), out_input=out_input,
+        full=full,
     )
 
 
@@ -426,7 +448,21 @@ def slice_scatter_strategy(op_schema: OpSchema, full: bool = False) -> OpStrateg
     call = _scatter_call(op_schema)
     rows = slice_scatter_rows(call)
     out_input = 2 if call.has_out else None
-    return rows_strategy(op_schema, lambda: list(rows), lambda cur: rows, out_input=out_input, full=full)
+    return rows_strategy(op_schema, lambda: list(rows), lambda cur: partial_rows_held_now(rows, cur), out_input=out_input,
+                         full=full)
+
+
+def partial_rows_held_now(rows: Sequence[Row], current: Sequence[Key]) -> list[Row]:
+    """``rows`` without the Partial(op) rows when no input (nor an ``out=`` tensor) is Partial(op)
+    on this mesh dim now: what dispatch scores.
+
+    Such a row can only take its Partial(op) inputs from Replicate ones (a relabel, priced 0, the
+    same as leaving them Replicate) or from Shard / other-Partial ones (a move dispatch does not
+    run), so it never costs less than all-Replicate, which is scored first; it would only give
+    dispatch's search more products to price (slice_scatter that moves on 8x8x8: 10 Partial rows
+    per mesh dim)."""
+    held = {k[1] for k in current if k[0] == "P"}
+    return [r for r in rows if not isinstance(r[0], Partial) or r[0].reduce_op in held]
 
 
 # solvers' cost tables (dtensor_rules.costs.strategy_costs) price every strategy, not dispatch's two
@@ -436,5 +472,5 @@ for _fn in (cat_strategy, slice_scatter_strategy):
 
 def clear_row_caches() -> None:
     """Forget the memoised rows (benchmarks measure cold propagation with this)."""
-    for memo in (cat_rows, slice_scatter_rows, _eligible):
+    for memo in (cat_rows, cat_dispatch_rows, slice_scatter_rows, _eligible):
         memo.cache_clear()

@@ -4,7 +4,8 @@ Compute: the package's flop/byte formulas (:func:`dtensor_rules.costs.estimate_c
 local shapes of the largest shard (rank 0: uneven shards round up there) and the roofline
 runtime of a hardware profile. Redistribution: the ordered-mesh planner's cheapest chain of
 collectives (:func:`dtensor_rules.redistribute.plan`, alpha-beta model), DTensor's own
-``redistribute_cost`` where the planner has no plan. Both sides of a comparison (our rules,
+``redistribute_cost`` where the planner has no plan; a switch of Partial kind as the all-reduce
+that performs it (:func:`partial_switch_dims`). Both sides of a comparison (our rules,
 upstream's) are priced by these same functions, so their objectives are comparable.
 
 The routed-experts op (``ops/routed_experts.py``) communicates inside itself under its
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.distributed.tensor.placement_types import Shard
+from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 from torch.distributed.device_mesh import DeviceMesh
 from torch.utils import _pytree as pytree
 
@@ -32,7 +33,7 @@ from dtensor_rules.solver.ep_moves import ep_move_us, has_routed
 from dtensor_rules.solver.ep_rows import is_routed
 from dtensor_rules.solver.query import Layout, Row
 
-__all__ = ["Pricer", "local_bytes"]
+__all__ = ["Pricer", "local_bytes", "partial_switch_dims"]
 
 INF = math.inf
 # the dispatch's one device-to-host sync (the counts, for the token all-to-all's sizes) and the stall it
@@ -84,6 +85,10 @@ class Pricer:
                                         Topology.uniform(self.mesh.ndim), plan, skew=1.0, sync_us=self.sync_us))
             except Exception:  # noqa: BLE001  e.g. labels on two mesh dims, or other mesh dims changed by a dispatch
                 return INF
+        switched = partial_switch_dims(src, dst)
+        if switched:  # Partial(a) -> Partial(b): the all-reduce to Replicate, then the local partition
+            via = tuple(Replicate() if m in switched else p for m, p in enumerate(dst))
+            return self.edge_us(meta, src, via) + self.edge_us(meta, via, dst)
         try:
             return float(plan(self.mesh, tuple(meta.shape), meta.dtype, src, dst).cost_us)
         except Exception:  # noqa: BLE001  no plan (e.g. a Partial kind the planner does not move)
@@ -139,6 +144,16 @@ class Pricer:
             moved = sum(math.prod(s) * m.dtype.itemsize for s, m in zip(shapes, metas))
             cost = OpCost(flops=0, bytes_read=moved, bytes_written=moved)
         return runtime(cost, self.hardware) * 1e6
+
+
+def partial_switch_dims(src: Layout, dst: Layout) -> frozenset[int]:
+    """The mesh dims where ``src -> dst`` changes the kind of a Partial (``avg -> sum`` & co.).
+
+    No collective switches a kind in place (DTensor refuses the redistribution); what performs it
+    is an all-reduce to Replicate and the local partition into the new kind, so that is its price
+    (AutoParallel prices it 0 and performs the all-reduce: docs/solver.md)."""
+    return frozenset(m for m, (s, d) in enumerate(zip(src, dst))
+                     if isinstance(s, Partial) and isinstance(d, Partial) and s.reduce_op != d.reduce_op)
 
 
 def _routed_index_ins(row: Row, metas: tuple[TensorMeta, ...]) -> tuple[Layout, ...]:

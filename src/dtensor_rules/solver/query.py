@@ -5,7 +5,8 @@ output (several candidate specs per input), as an auto-sharding solver asks; a r
 with every row it can run (not the one or two dispatch needs). The rule is read from DTensor's
 propagator, so the answer is ours while :func:`dtensor_rules.install` is active and upstream's
 after :func:`dtensor_rules.uninstall`. An op no rule answers for gets one all-Replicate row
-(counted in :attr:`Strategies.fallbacks`), as a solver must still place it somewhere.
+(counted in :attr:`Strategies.fallbacks`), as a solver must still place it somewhere. No node is
+offered a row that relabels a replicated value as a partial one (:func:`without_relabels`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
 from torch.utils import _pytree as pytree
 
+from dtensor_rules.core.relabels import relabel_rows
+from dtensor_rules.core.solver_rows import is_full_enumeration
 from dtensor_rules._upstream import (
     DTensorSpec,
     OpSchema,
@@ -34,7 +37,8 @@ from dtensor_rules._upstream import (
     propagator,
 )
 
-__all__ = ["Layout", "Row", "Source", "NodeRows", "Strategies", "query_graph", "placeholder_options", "tensor_meta", "out_layouts"]
+__all__ = ["Layout", "Row", "Source", "NodeRows", "Strategies", "query_graph", "placeholder_options", "tensor_meta", "out_layouts",
+           "without_relabels"]
 
 Layout = tuple[Placement, ...]  # one placement per mesh dim
 
@@ -170,6 +174,18 @@ def _ask(node: fx.Node, schema: OpSchema, n_in: int, mesh: DeviceMesh) -> list[R
     return _rows_of(strategy, n_in)
 
 
+def without_relabels(rows: list[Row]) -> list[Row]:
+    """``rows`` without those that relabel a replicated value as a partial one
+    (:mod:`dtensor_rules.core.relabels`), whichever rule offered them (ours are trimmed already,
+    upstream's pointwise rules offer e.g. ``add(P(avg), R) -> P(avg)``): the row with that input
+    ``Partial`` stays, and the ``Replicate -> Partial`` move is an edge the pricer prices. Every
+    row under the full enumeration switch (:mod:`dtensor_rules.core.solver_rows`)."""
+    if is_full_enumeration():
+        return rows
+    drop = relabel_rows([(r.outs, r.ins) for r in rows])
+    return [r for i, r in enumerate(rows) if i not in drop] if drop else rows
+
+
 def _replicate_row(node: fx.Node, n_in: int, mesh: DeviceMesh) -> Row:
     R: Layout = (Replicate(),) * mesh.ndim
     val = node.meta["val"]
@@ -208,5 +224,7 @@ def query_graph(gm: fx.GraphModule, mesh: DeviceMesh, fixed: dict[str, Sequence[
         if not rows:
             fallbacks.append(node.name)
             rows = [_replicate_row(node, n_in, mesh)]
+        else:
+            rows = without_relabels(rows)
         nodes[node.name] = NodeRows(node.name, node.target, rows, sources, metas)
     return Strategies(nodes, tuple(fallbacks))

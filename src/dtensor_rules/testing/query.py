@@ -147,10 +147,12 @@ def active_strategy(op: OpOverload) -> tuple[str, Any] | None:
 
 
 def emitted_combos(kind: str, fn: Any, op: OpOverload, sample: Sample, mesh: DeviceMesh,
-                   inputs_follow_output: bool = False) -> set[Combo]:
+                   inputs_follow_output: bool = False, full: bool = True) -> set[Combo]:
     """All (inputs, outputs) placement combos the strategy function offers for ``sample``, under
-    the full enumeration (``core.solver_rows``): what is proven is every row, not a solver's trim."""
-    with full_enumeration():
+    the full enumeration (``core.solver_rows``): what is proven is every row, not a solver's trim.
+    ``full=False``: what a solver's query gets (an op-strategy rule is asked with every candidate
+    layout per input: the trimmed rows)."""
+    with full_enumeration(full):
         return _emitted_combos(kind, fn, op, sample, mesh, inputs_follow_output)
 
 
