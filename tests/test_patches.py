@@ -1,5 +1,6 @@
-"""#21.3: every global change beyond installing rules is a named patch: listed by status() with its
-reason and state, documented in docs/patches.md, switchable by name, restored exactly by uninstall().
+"""Every global change beyond installing rules is a named patch: listed by status() with its reason,
+the upstream gap it stands in for and its state, documented in docs/patches.md, switchable by name,
+restored exactly by uninstall(). Patches register through one API, ``patches.register``.
 
 The oracle is torch's own objects, read in a fresh interpreter before ``import dtensor_rules``:
 after ``uninstall()`` each must be the very same object again, and modules imported afterwards
@@ -35,7 +36,6 @@ SHIPPED = {
     "checkpoint_shard_order": True,
     "flop_registry": True,
     "deferred_fma": True,
-    "per_rank_generators": True,
     "torchtitan_rules": True,
 }
 ON_BY_DEFAULT = {n for n, required in SHIPPED.items() if required} | {"hinted_strategy_costs"}
@@ -56,6 +56,7 @@ def test_status_lists_every_patch_with_its_reason_state_and_default() -> None:
     assert {n: s.required for n, s in states.items()} == SHIPPED
     for s in states.values():
         assert s.reason and s.changes and s.state.startswith(("on", "off")), s
+        assert s.upstream.startswith(patches.UPSTREAM_KINDS) and "(checked: torch 2.13.0, 2.14.1" in s.upstream, s
     assert {n: s.default for n, s in states.items()} == {n: n in ON_BY_DEFAULT for n in SHIPPED}
     assert set(patches.applied()) == set(patches.defaults()) == ON_BY_DEFAULT
 
@@ -64,6 +65,10 @@ def test_docs_page_lists_every_patch_and_how_to_turn_it_off() -> None:
     text = DOC.read_text()
     documented = re.findall(r"^### `([a-z_]+)`", text, flags=re.M)
     assert sorted(documented) == sorted(SHIPPED)
+    table = dict(re.findall(r"^\| `([a-z_]+)` \| (.+) \|$", text, flags=re.M))
+    assert set(SHIPPED) <= set(table), sorted(table)
+    for name in SHIPPED:
+        assert f"test_the_upstream_gap_is_still_there[{name}]" in table[name], name
     for name in SHIPPED:
         section = text.split(f"### `{name}`", 1)[1].split("\n### ", 1)[0]
         assert "Changes" in section and "Why" in section and "Off" in section, name
@@ -89,8 +94,23 @@ def test_install_switches_patches_by_name_and_rejects_unknown_ones() -> None:
     assert cache_miss_wrapped()
 
 
+def test_one_registration_api_that_names_the_upstream_gap() -> None:
+    assert not hasattr(registry, "register_patch") and "register_patch" not in registry.__all__
+    src = ROOT / "src" / "dtensor_rules"
+    users = [p.relative_to(src) for p in src.rglob("*.py") if "register_patch" in p.read_text()]
+    assert not users, users
+    noop = lambda: None  # noqa: E731
+    with pytest.raises(patches.PatchError, match="upstream= must start with 'defect: ' or 'missing: '"):
+        patches.register(patches.Patch(name="no_gap_named", changes="x", reason="y", upstream="", required=False,
+                                       apply=noop, restore=noop))
+    assert "no_gap_named" not in patches.names()
+    with pytest.raises(patches.PatchError, match="already registered"):
+        patches.register(patches.Patch(name="shard_order", changes="x", reason="y", required=False, apply=noop,
+                                       restore=noop, upstream="defect: z (checked: torch 2.13.0, 2.14.1)"))
+
+
 def test_meta_fallback_is_a_switchable_patch_that_restores_the_method() -> None:
-    """#21.1: the output-metadata wrapper is its own named patch: off, the propagator's class method
+    """The output-metadata wrapper is its own named patch: off, the propagator's class method
     shows through and a grouped mm of fp32 operands fails in the meta step as upstream's does;
     on, the rule's fallback answers (its result equals plain torch's)."""
     from torch.distributed.tensor import DTensor, Replicate
@@ -179,8 +199,9 @@ def test_uninstall_gives_back_torchs_own_objects_and_later_imports_stay_pristine
         installed = snapshot()
         changed = same(pristine, installed)
         assert {"tracker", "partition", "shallow_copy", "slow_path", "meta_step", "inductor_prims", "meta_path",
-                "per_rank_run", "per_rank_map", "strategy_pricing"} <= set(changed), changed
-        assert not {"redistribute", "redistribute_local", "distribute"} & set(changed), changed  # torch's own
+                "strategy_pricing"} <= set(changed), changed
+        # torch's own: DTensor's moves, and LocalTensorMode's loop (simulated_mesh() scopes its RNG fix)
+        assert not {"redistribute", "redistribute_local", "distribute", "per_rank_run", "per_rank_map"} & set(changed), changed
         dtensor_rules.uninstall()
         assert same(pristine, snapshot()) == [], same(pristine, snapshot())
         assert all(s.state == "off" for s in dtensor_rules.status().patches.values())

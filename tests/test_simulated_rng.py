@@ -1,4 +1,4 @@
-"""The ``per_rank_generators`` patch: an explicit generator on a simulated mesh behaves as on real ranks.
+"""Inside ``simulated_mesh()`` an explicit generator behaves as on real ranks; outside it torch's own loop runs.
 
 The oracle is plain torch outside any mesh: a real rank holding its own
 ``torch.Generator().manual_seed(s)`` draws exactly what one process draws from a fresh generator
@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from dtensor_rules import patches, registry
-from dtensor_rules.testing import local_shards, simulated_mesh
+from dtensor_rules.testing import fake_world, local_shards, simulated_mesh
 
 
 def _draws(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -55,18 +54,24 @@ def test_outside_the_mesh_the_generator_continues_rank_zeros_stream() -> None:
     torch.testing.assert_close(torch.randn(4, generator=g), want[4:], rtol=0, atol=0)
 
 
-def test_without_the_patch_the_ranks_diverge_and_uninstall_restores_torchs_loop() -> None:
+def test_the_fix_is_scoped_to_simulated_mesh_and_torchs_loop_runs_elsewhere() -> None:
     import torch.distributed._local_tensor as lt
+    from torch.distributed._local_tensor import LocalTensorMode
 
-    with registry.installed(patches=[n for n in patches.defaults() if n != "per_rank_generators"]):
-        run, map_ = lt._for_each_rank_run_func, lt._map_to_rank_local_val
-        assert run.__module__ == lt.__name__ and map_.__module__ == lt.__name__  # torch's own functions
-        with simulated_mesh((2,)):
-            shards = local_shards(torch.randn(4, generator=torch.Generator().manual_seed(1)))
-        assert not torch.equal(shards[0], shards[1])  # what the patch fixes: rank 1 continued rank 0's stream
-    assert lt._for_each_rank_run_func is not run and "per_rank_generators" in patches.applied()
-    with registry.installed(patches=[]):
-        assert lt._for_each_rank_run_func is run and lt._map_to_rank_local_val is map_
+    import dtensor_rules  # noqa: F401  (the import installs rules and patches, never this fix)
+
+    run, map_ = lt._for_each_rank_run_func, lt._map_to_rank_local_val
+    assert run.__module__ == lt.__name__ and map_.__module__ == lt.__name__  # torch's own functions
+    with simulated_mesh((2,)):
+        assert lt._for_each_rank_run_func is not run and lt._map_to_rank_local_val is not map_
+        with simulated_mesh((2,)):  # a nested block leaves the outer one's wrap in place
+            pass
+        assert lt._for_each_rank_run_func is not run
+    assert lt._for_each_rank_run_func is run and lt._map_to_rank_local_val is map_
+    # a bare LocalTensorMode is torch's simulator, unchanged: rank 1 continues rank 0's stream
+    with fake_world(2), LocalTensorMode(frozenset(range(2))):
+        shards = local_shards(torch.randn(4, generator=torch.Generator().manual_seed(1)))
+    assert not torch.equal(shards[0], shards[1])
 
 
 def test_data_drawn_inside_the_mesh_trains_like_one_device() -> None:

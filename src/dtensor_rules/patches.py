@@ -1,11 +1,14 @@
 """Every change ``import dtensor_rules`` makes in torch beyond installing rules, by name.
 
-A :class:`Patch` says what it changes in torch (``changes``), why (``reason``), and whether
+A :class:`Patch` says what it changes in torch (``changes``), why (``reason``), which upstream
+defect or missing feature it stands in for and on which torch releases that was checked
+(``upstream``: tests/test_upstream_gaps.py runs each gap's reproducer on torch alone, so a release
+that closes it fails that test and the patch can be version-gated off), and whether
 correctness needs it (``required``: on by default) or it is optional (off unless asked for, or
 on by default with ``default=True`` where it only saves time and leaves every result the same).
 Each has ``apply`` / ``restore`` functions that undo each other exactly (the original function
-objects come back). The module that owns the fix registers it (``register``); this module
-imports nothing of the package, so any layer may register one.
+objects come back). The module that owns the fix registers it with :func:`register`, the one
+registration API; this module imports nothing of the package, so any layer may register one.
 
 Switching: ``dtensor_rules.install()`` applies the default set (every ``required`` patch),
 ``install(patches=[...])`` makes the applied set exactly the names given (``[]``: none),
@@ -25,7 +28,7 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["Patch", "PatchState", "register", "apply", "restore", "set_applied", "applied", "defaults",
+__all__ = ["Patch", "PatchState", "UPSTREAM_KINDS", "register", "apply", "restore", "set_applied", "applied", "defaults",
            "names", "states", "guarded", "check_names", "PatchError"]
 
 
@@ -39,6 +42,7 @@ class Patch(NamedTuple):
     name: str
     changes: str
     reason: str
+    upstream: str  # "defect: ..." or "missing: ...", ending "(checked: torch 2.13.0, 2.14.1)"
     required: bool
     apply: Callable[[], None]
     restore: Callable[[], None]
@@ -59,6 +63,7 @@ class PatchState(NamedTuple):
     required: bool
     changes: str
     reason: str
+    upstream: str  # the upstream defect or missing feature it stands in for, and where that was checked
     default: bool  # applied by a plain install()
 
 
@@ -68,8 +73,18 @@ _applied: list[str] = []  # in application order
 _failed: dict[str, str] = {}  # name -> why its deferred part failed (cleared by restore)
 
 
+UPSTREAM_KINDS = ("defect: ", "missing: ")
+
+
 def register(patch: Patch) -> Patch:
-    """Make ``patch`` known (not applied: :func:`apply` or ``dtensor_rules.install()`` does that)."""
+    """Make ``patch`` known (not applied: :func:`apply` or ``dtensor_rules.install()`` does that).
+
+    ``patch.upstream`` must name the gap: ``"defect: ..."`` (torch gives a wrong result or an
+    error) or ``"missing: ..."`` (torch lacks the feature), with the releases where it was checked.
+    """
+    if not patch.upstream.startswith(UPSTREAM_KINDS) or "(checked: torch " not in patch.upstream:
+        raise PatchError(f"patch {patch.name!r}: upstream= must start with 'defect: ' or 'missing: ' and end with "
+                         f"'(checked: torch X.Y.Z, ...)', got {patch.upstream!r}")
     with _lock:
         if patch.name in _patches:
             raise PatchError(f"patch {patch.name!r} is already registered")
@@ -169,5 +184,5 @@ def states() -> dict[str, PatchState]:
                 state = f"on, waiting: completes when {p.waits_for} is first imported"
             else:
                 state = "on"
-            out[name] = PatchState(name, state, p.required, p.changes, p.reason, p.on_by_default)
+            out[name] = PatchState(name, state, p.required, p.changes, p.reason, p.upstream, p.on_by_default)
     return out

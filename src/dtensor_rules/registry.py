@@ -76,7 +76,6 @@ __all__ = [
     "RuleError",
     "register",
     "register_rule",
-    "register_patch",
     "install",
     "uninstall",
     "installed",
@@ -171,31 +170,6 @@ _saved: dict[OpOverload, dict[str, tuple[bool, Any]]] = {}
 # op -> why ours is active (for status()) and the policy that installed it; set when installed
 _why_ours: dict[OpOverload, str] = {}
 _policy_of: dict[OpOverload, Policy] = {}
-
-
-def register_patch(
-    name: str,
-    apply: Callable[[], None],
-    restore: Callable[[], None],
-    *,
-    changes: str,
-    reason: str,
-    required: bool = True,
-    waits_for: str = "",
-    pending: Callable[[], bool] | None = None,
-    default: bool | None = None,
-) -> None:
-    """Register a named global change to torch that is not an op rule (:mod:`dtensor_rules.patches`).
-
-    ``apply`` / ``restore`` must undo each other exactly. A plain :func:`install` applies it when
-    ``required`` (correctness needs it) or ``default`` (optional, on unless switched off),
-    ``install(patches=[...])`` switches it by name, a full
-    :func:`uninstall` restores it; :func:`status` lists it (``.patches``) with ``reason``.
-    """
-    try:
-        _patch_registry.register(_patch_registry.Patch(name, changes, reason, required, apply, restore, waits_for, pending, default))
-    except _patch_registry.PatchError as e:
-        raise RuleError(str(e)) from None
 
 
 _STRATEGY_REGISTRIES = STRATEGY_REGISTRIES

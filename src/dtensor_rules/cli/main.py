@@ -143,9 +143,10 @@ def _status(args: argparse.Namespace) -> int:
     print(f"{'op':45s} {'rules':8s} {'active':9s} why")
     for op, has, active, why in rows:
         print(f"{op:45s} {has:8s} {active:9s} {why}")
-    print(f"\n{'patch (docs/patches.md)':25s} {'default':8s} state / why")
+    print(f"\n{'patch (docs/patches.md)':25s} {'default':8s} state / why / upstream gap")
     for p in status.patches.values():
-        print(f"{p.name:25s} {'on' if p.default else 'off':8s} {p.state}\n{'':34s} why: {p.reason}")
+        print(f"{p.name:25s} {'on' if p.default else 'off':8s} {p.state}\n{'':34s} why: {p.reason}\n"
+              f"{'':34s} upstream: {p.upstream}")
     return 0
 
 

@@ -1,5 +1,4 @@
-"""The ``per_rank_generators`` patch: an explicit ``torch.Generator`` behaves on a simulated mesh
-as on real ranks.
+"""Per-rank generators: an explicit ``torch.Generator`` behaves on a simulated mesh as on real ranks.
 
 On real ranks every process has its own generator object: ``torch.Generator().manual_seed(s)``
 then ``torch.randn(..., generator=g)`` gives every rank the SAME values. ``LocalTensorMode`` runs
@@ -13,22 +12,31 @@ left at rank 0's state, so code outside the mode continues rank 0's stream.
 
 Reseeding is seen by the state: when a generator's state is not the one the last op left it in
 (``manual_seed``, ``set_state``, a draw outside the mode), every rank restarts from it.
+
+This fixes the simulator, not torch: :func:`per_rank_generators` wraps ``LocalTensorMode``'s
+per-rank loop only while a :func:`dtensor_rules.testing.simulated_mesh` block is open (the
+outermost one wraps, its exit restores torch's own functions), so ``import dtensor_rules`` leaves
+the loop as torch made it. A bare ``LocalTensorMode`` keeps upstream's shared-generator behaviour.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
 from dtensor_rules._upstream import per_rank_run_hooks
-from dtensor_rules.patches import Patch, register
+__all__ = ["GeneratorStates", "per_rank_generators", "UPSTREAM_GAP"]
 
-__all__ = ["GeneratorStates"]
+# what this stands in for (tests/test_upstream_gaps.py runs the reproducer on torch alone)
+UPSTREAM_GAP = ("defect: LocalTensorMode runs every simulated rank's draw from the one shared explicit "
+                "torch.Generator, so rank 1 continues rank 0's stream (real ranks each draw the same values) "
+                "(checked: torch 2.13.0, 2.14.1)")
 
 
 class GeneratorStates:
@@ -98,15 +106,15 @@ def _make_map(original: Callable[..., Any]) -> Callable[..., Any]:
     return map_to_rank
 
 
-register(Patch(
-    "per_rank_generators",
-    changes="torch.distributed._local_tensor._for_each_rank_run_func and _map_to_rank_local_val (module "
-    "globals of LocalTensorMode's per-rank loop): an op with an explicit torch.Generator argument runs each "
-    "simulated rank from that rank's own state of the generator",
-    reason="under LocalTensorMode (the simulated mesh) torch.Generator().manual_seed(s) gave every rank other "
-    "values (one shared generator), where real ranks get the same: data drawn inside the simulated mesh, and "
-    "training on it, silently diverged from one device (tests/test_simulated_rng.py)",
-    required=True,
-    apply=lambda: per_rank_run_hooks.wrap(_make_run, _make_map),
-    restore=per_rank_run_hooks.unwrap,
-))
+@contextlib.contextmanager
+def per_rank_generators() -> Iterator[None]:
+    """Inside the block ``LocalTensorMode`` gives every simulated rank its own state of each explicit
+    generator; the outermost block wraps the per-rank loop and its exit puts torch's functions back."""
+    if per_rank_run_hooks.wrapped():  # an enclosing block owns the wrap
+        yield
+        return
+    per_rank_run_hooks.wrap(_make_run, _make_map)
+    try:
+        yield
+    finally:
+        per_rank_run_hooks.unwrap()

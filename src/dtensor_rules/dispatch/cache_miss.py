@@ -175,17 +175,20 @@ def _on_miss(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _register() -> None:
-    from dtensor_rules.registry import register_patch
+    from dtensor_rules.patches import Patch, register
 
-    register_patch(
-        "cache_miss_hook",
-        lambda: wrap_cache_miss(_on_miss),
-        unwrap_cache_miss,
+    register(Patch(
+        name="cache_miss_hook",
+        apply=lambda: wrap_cache_miss(_on_miss),
+        restore=unwrap_cache_miss,
         changes="DTensor._op_dispatcher._propagate_op_sharding_dispatch_slow_path (an instance attribute "
         "shadowing the method): the callback DTensor's C++ dispatch calls on a sharding-cache miss",
         reason="x[mask] on DTensors, a clear error for an out= layout no strategy writes, and the finishers "
         "(gather with a masked index) run here; every cached call stays on DTensor's C++ fast path",
-    )
+        upstream="missing: DTensor has no way to run an op whose output size depends on the data: x[bool_mask] "
+        "(aten.index.Tensor with a bool index) on DTensors raises (checked: torch 2.13.0, 2.14.1)",
+        required=True,
+    ))
 
 
 _register()

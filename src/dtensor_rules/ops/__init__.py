@@ -1,9 +1,7 @@
 """Op-family rule modules. Importing this package registers every shipped rule (and
 ``_symbolic_tracing``'s patch, which compiled code needs whichever rule is active,
-``_hinted_costs``'s, which speeds up compiling whichever rule is active, and
-``core.simulated_rng``'s, which simulated meshes need whichever rule is active)."""
+and ``_hinted_costs``'s, which speeds up compiling whichever rule is active)."""
 
-from dtensor_rules.core import simulated_rng  # noqa: F401
 from dtensor_rules.ops import (  # noqa: F401
     _hinted_costs,
     _symbolic_tracing,

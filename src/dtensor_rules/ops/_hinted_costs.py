@@ -10,16 +10,18 @@ propagation of a compiled MoE block (docs/compile.md, "Compile time").
 from __future__ import annotations
 
 from dtensor_rules._upstream import price_on_hints, price_symbolically
-from dtensor_rules.registry import register_patch
+from dtensor_rules.patches import Patch, register
 
-register_patch(
-    "hinted_strategy_costs",
-    price_on_hints,
-    price_symbolically,
+register(Patch(
+    name="hinted_strategy_costs",
+    apply=price_on_hints,
+    restore=price_symbolically,
     changes="torch.distributed.tensor._ops.utils.redistribute_cost (the name upstream's strategy expansion "
     "prices candidates with): a spec with symbolic sizes is priced on their hints (unbacked: 8192), memoized",
     reason="under torch.compile(dynamic=True) upstream prices every candidate strategy in sympy: mm spent 0.75 s "
     "per call in sharding propagation; on hints the same choice costs a third (compile time only)",
+    upstream="missing: torch.distributed.tensor._ops.utils.redistribute_cost has no concrete-size path for a spec "
+    "with symbolic sizes: it prices in sympy and returns a symbolic cost (checked: torch 2.13.0, 2.14.1)",
     required=False,
     default=True,
-)
+))

@@ -134,20 +134,24 @@ def _restore() -> None:
 
 def _announce() -> None:
     from dtensor_rules import registry
+    from dtensor_rules.patches import Patch, register
 
     registry.defer("prims.fma.default", _INDUCTOR_PRIMS, _define, patch="deferred_fma")
-    registry.register_patch(
-        "deferred_fma",
-        _apply,
-        _restore,
+    register(Patch(
+        name="deferred_fma",
+        apply=_apply,
+        restore=_restore,
         changes="torch.distributed.tensor._ops._pointwise_ops.register_inductor_prims (until inductor is "
         "imported): wrapped so that, right after upstream registers its prims.fma rule, ours is registered "
         "and installed; upstream's function is put back at that moment",
         reason="prims.fma exists only once torch._inductor.inductor_prims is imported (~2 s, never by "
         "import dtensor_rules); compiled softmax backward decomposes into it",
+        upstream="missing: upstream's prims.fma rule is the generic pointwise one (registered when inductor is "
+        "imported): no Partial rows, so a Partial addend or factor is reduced first (checked: torch 2.13.0, 2.14.1)",
+        required=True,
         waits_for=_INDUCTOR_PRIMS,
         pending=lambda: not prims_fma_defined(),
-    )
+    ))
 
 
 _INDUCTOR_PRIMS = "torch._inductor.inductor_prims"

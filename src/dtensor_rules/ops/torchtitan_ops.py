@@ -389,22 +389,26 @@ def _pending() -> bool:
 
 def _announce() -> None:
     from dtensor_rules import registry
+    from dtensor_rules.patches import Patch, register
 
     for s in TORCHTITAN_OPS:
         registry.defer(f"torchtitan.{s.name}.default", s.module, s.define, patch="torchtitan_rules")
-    registry.register_patch(
-        "torchtitan_rules",
-        _apply,
-        _restore,
+    register(Patch(
+        name="torchtitan_rules",
+        apply=_apply,
+        restore=_restore,
         changes="a post-import hook (sys.meta_path) on " + ", ".join(sorted({s.module for s in TORCHTITAN_OPS}))
         + ": when torchtitan defines its custom ops there, their DTensor rules are registered (and installed if "
         "ours are); nothing of torchtitan is imported by the package",
         reason="torchtitan's custom ops (deterministic_scatter_add in its MoE combine, silu_and_mul, the fused MLA "
         "rope ops, the helion rope ops) have no "
         "sharding strategy, so its MoE written on DTensors stops at them",
+        upstream="missing: torchtitan's custom ops (torchtitan::deterministic_scatter_add, silu_and_mul, ...) have no "
+        "DTensor sharding strategy in torch or torchtitan (checked: torch 2.13.0, 2.14.1; torchtitan 0.3.0)",
+        required=True,
         waits_for=", ".join(sorted({s.module for s in TORCHTITAN_OPS})),
         pending=_pending,
-    )
+    ))
 
 
 _announce()

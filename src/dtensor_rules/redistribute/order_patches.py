@@ -118,6 +118,8 @@ register(Patch(
     changes="DTensorSpec.shallow_copy_with_tensor_meta: keeps a spec's explicit shard_order",
     reason="upstream drops it, so an op whose strategy keeps the input's order (detach, alias) would claim "
     "the default order while the data is in the ordered layout: wrong full_tensor()",
+    upstream="defect: DTensorSpec.shallow_copy_with_tensor_meta drops an explicit shard_order (the copy has the "
+    "default order) (checked: torch 2.13.0, 2.14.1)",
     required=True,
     apply=_apply_spec,
     restore=_restore_spec,
@@ -128,6 +130,8 @@ register(Patch(
     "shard order follow that order (every other DTensor goes to the original function)",
     reason="DCP computes offsets for the default order only: a checkpoint of an ordered DTensor would "
     "save rows at the wrong offsets",
+    upstream="defect: DCP's _create_chunk_from_dtensor / _create_write_items_for_dtensor compute offsets from the "
+    "placements alone, ignoring spec.shard_order (checked: torch 2.13.0, 2.14.1)",
     required=True,
     apply=_apply_dcp,
     restore=_restore_dcp,

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from dtensor_rules._upstream import LocalTensorMode
+from dtensor_rules.core.simulated_rng import per_rank_generators
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 MAX_WORLD = 8  # real gloo processes on one machine (and the default for generated mesh shapes)
@@ -108,7 +109,9 @@ def simulated_mesh(shape: Sequence[int] | int, names: Sequence[str] | None = Non
     Tensors made before the block are plain, one for all ranks: upstream's ``distribute_tensor``
     keeps a replicated one shared (an in-place update, e.g. an optimizer step, then lands once
     per rank). ``dtensor_rules.distribute_tensor``, ``shard_moe`` and ``expert_parallel`` give
-    every rank its own copy. ``torch.compile`` does not run here (upstream limits, docs/compile.md):
+    every rank its own copy. An explicit ``torch.Generator`` draws on every rank what one process
+    draws from it, as on real ranks (:mod:`dtensor_rules.core.simulated_rng`; only inside the
+    block). ``torch.compile`` does not run here (upstream limits, docs/compile.md):
     inductor's failure on a LocalTensor leaves the block as a RuntimeError saying so; compile on
     real ranks with :func:`run_gloo`. Meshes nest only with the same number of ranks (one
     simulated world at a time); a nested one of another size raises RuntimeError at once.
@@ -124,7 +127,7 @@ def simulated_mesh(shape: Sequence[int] | int, names: Sequence[str] | None = Non
         )
     _OPEN_WORLDS.append(world)
     try:
-        with fake_world(world), LocalTensorMode(frozenset(range(world))):
+        with fake_world(world), per_rank_generators(), LocalTensorMode(frozenset(range(world))):
             try:
                 yield init_device_mesh("cpu", shape, mesh_dim_names=tuple(names) if names else None)
             except RuntimeError as e:
