@@ -11,7 +11,8 @@ Modules, each with one job:
 
 - :mod:`.version`: the running torch version and the tested range.
 - :mod:`.types`: spec / schema / strategy classes and the single-dim placeholder.
-- :mod:`.strategy`: expand single-dim rows to a mesh (with a strategy filter), min-cost choice.
+- :mod:`.strategy`: expand single-dim rows to a mesh (with a strategy filter), upstream's search
+  over them, min-cost choice.
 - :mod:`.registries`: the propagator's registry dicts, custom handlers, cache clearing.
 - :mod:`.tensors`: a DTensor's local tensor and spec, local shapes/offsets/strides, simulated ranks.
 - :mod:`.collectives`: single-mesh-dim placement transitions and their cost estimate.
@@ -41,6 +42,7 @@ from dtensor_rules._upstream.types import (
     TupleStrategy,
 )
 from dtensor_rules._upstream.strategy import (
+    dijkstra_single_dim_rule,
     expand_single_dim_rule,
     expand_to_mesh,
     is_tensor_shardable,
@@ -60,6 +62,7 @@ from dtensor_rules._upstream.registries import (
     dispatch_slow_path,
     dispatch_with_local_fix,
     input_targets,
+    output_tensor_meta,
     is_output_sharding,
     redistribute_args_to,
     wrap_result,

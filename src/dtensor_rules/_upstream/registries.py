@@ -39,6 +39,12 @@ def propagate_schema(schema: Any) -> Any:
     return p.propagate_op_sharding_non_cached(schema) if _are_we_tracing() else p.propagate_op_sharding(schema)
 
 
+def output_tensor_meta(schema: Any) -> Any:
+    """The output metadata (``TensorMeta`` or a tuple of them) ``propagator()`` computes for
+    ``schema`` by fake-tensor propagation before any rule is asked (uncached)."""
+    return getattr(propagator(), META_STEP_ATTR)(schema)
+
+
 def custom_op_handlers() -> dict[Any, Any]:
     """op -> handler(op, args, kwargs) for ops that bypass normal sharding propagation."""
     return dispatcher()._custom_op_handlers

@@ -92,6 +92,23 @@ def expand_single_dim_rule(
     return expanded
 
 
+def dijkstra_single_dim_rule(mesh: DeviceMesh, op_schema: OpSchema, info: Any, output_tensor_meta: Any) -> OpStrategy | None:
+    """Upstream's priority-queue search for the cheapest full-mesh strategy of a single-dim rule
+    (``_dijkstra_expand_single_dim_strategy_to_mesh``, in torch 2.13 and 2.14 with the same
+    signature; neither release's propagator calls it yet).
+
+    States are the inputs' placements; a step changes one input on one mesh dim, priced by
+    DTensor's per-step transition cost; the first state every mesh dim of which matches a row
+    wins. Returns one strategy, or None where upstream declines: a list of tensors
+    (``TupleStrategy``: ``cat``, ``index_put``), a tensor keyword (``out=``), ``_StridedShard``,
+    a symbolic size, or no matching state (upstream's caller then expands every product).
+    ``info``: a ``SingleDimStrategyInfo`` or the bare rows function; ``output_tensor_meta``: what
+    :func:`~dtensor_rules._upstream.registries.output_tensor_meta` gives for the call (upstream
+    asserts it is set for an op with outputs).
+    """
+    return _single_dim._dijkstra_expand_single_dim_strategy_to_mesh(mesh, op_schema, info, output_tensor_meta)
+
+
 @contextlib.contextmanager
 def recording_strategy_counts() -> Iterator[list[int]]:
     """Inside: each min-cost selection DTensor's propagator makes appends how many strategies it chose
