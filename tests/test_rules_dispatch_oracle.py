@@ -33,8 +33,10 @@ SAMPLES_PER_OP = 2
 
 # torchtitan's ops register when another test imports torchtitan (so not at a fixed time here) and
 # two of them have no CPU kernel: tests/test_torchtitan_ops.py runs their dispatch cases; the EP token
-# moves are collectives over a named process group: tests/test_ep_compile.py runs them on gloo ranks
-ELSEWHERE = ("dtensor_rules.ops.torchtitan_ops", "dtensor_rules.ops.ep_all_to_all")
+# moves are collectives over a named process group: tests/test_ep_compile.py runs them on gloo ranks;
+# the routed-experts op's expert-parallel row runs only through expert_parallel:
+# tests/test_routed_experts_op.py runs every other row through dispatch against one device
+ELSEWHERE = ("dtensor_rules.ops.torchtitan_ops", "dtensor_rules.ops.ep_all_to_all", "dtensor_rules.ops.routed_experts")
 
 
 def _shipped() -> list[torch._ops.OpOverload]:
