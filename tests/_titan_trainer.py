@@ -14,8 +14,9 @@ gloo has no ``PREMUL_SUM``, so FSDP's collectives are forced to plain sums (torc
 factor is 1 already: it divides by the global token count itself).
 ``dsv3_cpu`` is torchtitan's
 ``deepseek_v3_debugmodel`` with SDPA instead of FlexAttention, random token data, a byte
-tokenizer and short sequences. Every rank writes its (step, loss, grad norm, peak RSS, step time)
-to ``$TITAN_RECORD.<rank>.json`` when that variable is set.
+tokenizer and short sequences (``dsv3_cpu_small``: three layers). Every rank records its (step, loss,
+grad norm, peak RSS, step time) in ``RECORDED``, and writes them to ``$TITAN_RECORD.<rank>.json`` when
+that variable is set; :func:`train` runs the trainer in-process, several times per launch.
 """
 
 from __future__ import annotations
@@ -185,29 +186,81 @@ def dsv3_cpu() -> Trainer.Config:
     return config
 
 
-def _record_metrics() -> None:
-    """Every rank appends (step, loss, grad norm, peak RSS, step time) to ``$TITAN_RECORD.<rank>.json``."""
-    path = os.environ.get("TITAN_RECORD")
-    if not path:
-        return
-    log = MetricsProcessor.log
-    rows: list[dict[str, float]] = []
+RECORDED: list[dict[str, float]] = []  # this process's (step, loss, grad norm, peak RSS, step time), in order
+
+
+def _record(log):
     last = [time.perf_counter()]
 
     def record(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
         now = time.perf_counter()
-        rows.append({"step": step, "loss": global_avg_loss, "grad_norm": grad_norm,
-                     "peak_rss": _peak_rss_bytes(), "step_s": now - last[0]})
+        RECORDED.append({"step": step, "loss": global_avg_loss, "grad_norm": grad_norm,
+                         "peak_rss": _peak_rss_bytes(), "step_s": now - last[0]})
         last[0] = now
-        with open(f"{path}.{dist.get_rank()}.json", "w") as f:
-            json.dump(rows, f)
+        path = os.environ.get("TITAN_RECORD")
+        if path:
+            with open(f"{path}.{dist.get_rank()}.json", "w") as f:
+                json.dump(RECORDED, f)
         return log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics)
 
-    MetricsProcessor.log = record
+    return record
+
+
+MetricsProcessor.log = _record(MetricsProcessor.log)
+
+
+def _count_bytes_on(step: int):
+    """Wrap ``Trainer.train_step``: training step ``step`` runs under ``CommBytesMode`` and its row gets
+    ``bytes`` (forward + backward bytes per collective on this rank, from dtensor_rules.testing.comm)."""
+    train_step = Trainer.train_step
+
+    def counted(self, *args, **kwargs):
+        if self.step != step:
+            return train_step(self, *args, **kwargs)
+        from dtensor_rules.testing.comm import CommBytesMode
+
+        with CommBytesMode() as comm:
+            out = train_step(self, *args, **kwargs)
+        RECORDED[-1]["bytes"] = {k: comm.total_bytes(k) for k in sorted({n for ph in comm.bytes.values() for n in ph})}
+        return out
+
+    return counted
+
+
+if os.environ.get("TITAN_COUNT_BYTES_STEP"):
+    Trainer.train_step = _count_bytes_on(int(os.environ["TITAN_COUNT_BYTES_STEP"]))
+
+
+def dsv3_cpu_small() -> Trainer.Config:
+    """:func:`dsv3_cpu` with its first three layers (one dense, two MoE) and 32-token sequences."""
+    config = dsv3_cpu()
+    config.model_spec.model.layers = config.model_spec.model.layers[:3]
+    config.training.seq_len = 32
+    return config
+
+
+# trainers already run, kept alive: a later trainer's meshes must not reuse a freed mesh's id
+# (torchtitan's FSDP setup then finds a stale mesh and refuses the parameters' own)
+_FINISHED: list[Trainer] = []
+
+
+def train(args: list[str], config: str = "dsv3_cpu_small") -> list[dict[str, float]]:
+    """Build torchtitan's trainer from command-line ``args`` (as ``torchtitan.train`` parses them), train,
+    close; the rows it logged. The process group stays up, so one launch trains several times."""
+    from torchtitan.config import ConfigManager
+
+    cfg = ConfigManager().parse_args(["--module", "tests._titan_trainer", "--config", config, *args])
+    start = len(RECORDED)
+    trainer = cfg.build()
+    _FINISHED.append(trainer)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    return RECORDED[start:]
 
 
 if __name__ == "__main__":
-    _record_metrics()
     import torchtitan.train
 
     torchtitan.train.main()

@@ -27,9 +27,10 @@ expert math and the per-token sum round exactly as under torchtitan's EP.
 ``bf16_dispatch`` (default off): tokens leave and expert outputs return as bf16, so do their
 gradients. Exact forward, since ``GroupedExperts`` casts its input to bf16 and its bf16 output is
 cast back to the tokens' dtype either way; the output gradient is cast to bf16 before the move
-instead of after it (the same rounding). The one change: the token gradient (the sum of the
-w1 and w3 paths' bf16 gradients) is rounded to bf16 once before it travels back (fp32 moves send
-that sum unrounded): a relative change of at most 2**-9 per element of that gradient. Halves the
+instead of after it (the same rounding). The one change: each routed row's token gradient (the sum
+of the w1 and w3 paths' bf16 gradients) is rounded to bf16 once before it travels back (fp32 moves
+send that sum unrounded): at most 2**-9 relative per element of each row, before torchtitan sums a
+token's k rows; every other value (output, routing-score and expert gradients) is unchanged. Halves the
 dispatch and combine bytes for fp32 activations; a no-op for bf16 activations.
 
 With ``--parallelism.expert_parallel_degree 1`` the dispatcher falls back to torchtitan's local
