@@ -1,14 +1,14 @@
 """torchtitan 0.3.0's own trainer: our EP (one setting) vs torchtitan's EP, 4 CPU gloo ranks.
 
-Per configuration (layout x activation dtype) one torchrun launch trains torchtitan's EP and ours
-(``--override.imports dtensor_rules.integrations.torchtitan.expert_parallel``, with
-``bf16_dispatch`` for fp32 activations as a third path in its own launch) on ``dsv3_cpu_small``
+Per configuration (layout x activation dtype) it trains torchtitan's EP and ours
+(``--override.imports dtensor_rules.integrations.torchtitan.expert_parallel``, plus ``bf16_dispatch``
+for fp32 activations), one torchrun launch per run, the paths interleaved, on ``dsv3_cpu_small``
 (tests/_titan_trainer.py: ``deepseek_v3_debugmodel`` cut to 3 layers, CPU shims) and prints:
 
 - loss and grad norm per step (ours must equal torchtitan's bit for bit with fp32 moves);
 - step time: median over steps 2..N-1 (step 1 warms up; the last step is counted with
-  ``CommBytesMode``, which slows it), as a ratio to torchtitan's from the same launch; the order
-  of the two trainers alternates between repeats (``--repeats``);
+  ``CommBytesMode``, which slows it), as a ratio to torchtitan's; the order of the paths reverses
+  between repeats (``--repeats``);
 - bytes per collective on rank 0 in the counted step (forward + backward, ``CommBytesMode``);
 - peak RSS per rank (the CPU stand-in for peak device memory).
 
@@ -39,7 +39,7 @@ DTYPES = {"fp32": ["--training.mixed_precision_param", "float32"], "bf16": []}
 
 
 def _worker(out: str, runs: list[list[str]]) -> None:
-    """Under torchrun: train each run (at most two per process) and write rank-local rows."""
+    """Under torchrun: train each run and write rank-local rows."""
     import torch.distributed as dist
 
     from tests._titan_trainer import train
@@ -84,13 +84,10 @@ def main() -> None:
             paths = {"titan": [], "ours": OURS} | ({"ours_bf16": OURS_BF16} if dtype == "fp32" else {})
             results: dict[str, list[list[dict]]] = {k: [] for k in paths}  # path -> per repeat: rows per rank
             for rep in range(a.repeats):
-                order = ["titan", "ours"] if rep % 2 == 0 else ["ours", "titan"]
-                rows = _launch([[*steps, *mesh, *act, *paths[k]] for k in order], a.steps)
-                for i, k in enumerate(order):
-                    results[k].append([rows[r][i] for r in range(4)])
-                if "ours_bf16" in paths:
-                    rows = _launch([[*steps, *mesh, *act, *OURS_BF16]], a.steps)
-                    results["ours_bf16"].append([rows[r][0] for r in range(4)])
+                order = list(paths) if rep % 2 == 0 else list(paths)[::-1]  # interleaved: ABC, CBA, ...
+                for k in order:
+                    rows = _launch([[*steps, *mesh, *act, *paths[k]]], a.steps)
+                    results[k].append([rows[r][0] for r in range(4)])
             table.append((layout, dtype, results))
     _print(table)
 
@@ -111,8 +108,9 @@ def _print(table) -> None:
             b = rows0[-1].get("bytes", {})
             mb = [f"{b.get(k, 0) / 2**20:.2f}" for k in ("all_to_all", "all_gather", "reduce_scatter", "all_reduce")]
             peak = max(r[-1]["peak_rss"] for r in reps[0]) / 2**30
-            print(f"| {layout} | {dtype} | {path} | {' '.join(f'{r['loss']:.5f}' for r in rows0)} | "
-                  f"{' '.join(f'{r['grad_norm']:.4f}' for r in rows0)} | {t:.2f} | {t / base:.2f} | "
+            losses = " ".join(f"{r['loss']:.6f}" for r in rows0)
+            norms = " ".join(f"{r['grad_norm']:.6f}" for r in rows0)
+            print(f"| {layout} | {dtype} | {path} | {losses} | {norms} | {t:.2f} | {t / base:.2f} | "
                   f"{' | '.join(mb)} | {peak:.2f} |")
 
 

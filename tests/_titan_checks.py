@@ -5,9 +5,10 @@ logged (loss, grad norm) of every step; tests/test_torchtitan_trainer_ep.py asse
 per launch: torchtitan's FSDP refuses a second mesh layout in the same process (its storage meshes are
 cached by the process's first layout).
 
-Runs (``dsv3_cpu_small``, torchtitan's EP the oracle); two trainers per launch (a third trainer in the
-same process is refused by torchtitan's FSDP setup: "Expected param's DTensor mesh to be the same mesh
-passed to fully_shard"):
+Runs (``dsv3_cpu_small``, torchtitan's EP the oracle); two trainers per launch: torchtitan's FSDP setup
+refuses a third trainer built in the same process ("Expected param's DTensor mesh to be the same mesh
+passed to fully_shard"; seen once for a second trainer too, after a first one that ran a step under
+``CommBytesMode``, which these runs do not use):
 
 - ``ep4``: torchtitan's EP and ours, 3 steps each, EP over all 4 ranks (efsdp 1), FSDP over 4 on the
   other parameters;

@@ -74,3 +74,14 @@ def test_meta_block_wraps_without_values_and_equals_one_device_after_to_empty(me
         for r, c in sorted(got[name]._local_tensors.items()):
             diff = float((c - w).abs().max())
             assert diff <= bound, f"{name} rank {r} {names}: |diff| {diff} > {bound}"
+
+
+def test_a_counter_holding_counts_is_refused_with_values_and_never_read_on_meta() -> None:
+    """The counter check reads values only where there are values: a used counter is refused, a meta one passes."""
+    used = torchtitan_moe()
+    used.tokens_per_expert_E.fill_(3.0)
+    with simulated_mesh((2,), names=("ep",)) as mesh:
+        with pytest.raises(ValueError, match="tokens_per_expert_E is a counter .* holds counts: zero it"):
+            expert_parallel(used, mesh, tp_dim=None)
+        meta = expert_parallel(torchtitan_moe(meta=True), mesh, tp_dim=None)
+        assert meta.tokens_per_expert_E.is_meta and isinstance(meta.tokens_per_expert_E, DTensor)
