@@ -12,7 +12,11 @@ for fp32 activations), one torchrun launch per run, the paths interleaved, on ``
 - bytes per collective on rank 0 in the counted step (forward + backward, ``CommBytesMode``);
 - peak RSS per rank (the CPU stand-in for peak device memory).
 
-    python benchmarks/torchtitan_trainer.py [--steps 5] [--repeats 1]
+    python benchmarks/torchtitan_trainer.py [--steps 5] [--repeats 1] [--no-save-moves]
+
+Ours runs with ``selective_ac`` too (the debug config's SelectiveAC then saves our two moves as it
+saves torchtitan's all_to_all); ``--no-save-moves`` leaves it out (the moves are recomputed in the
+backward: 1.5x the all_to_all bytes).
 
 Layouts: ep4 (EP over the 4 ranks, FSDP 4) and ep2tp2 (TP 2 x EP 2). Activations: fp32
 (``--training.mixed_precision_param float32``) and bf16 (torchtitan's default FSDP mixed precision).
@@ -31,6 +35,9 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the debug config trains with torchtitan's SelectiveAC: with ``selective_ac`` it saves our two moves
+# as it saves its own all_to_all (``--no-save-moves``: leave them to be recomputed in the backward)
+SAC = "dtensor_rules.integrations.torchtitan.selective_ac"
 OURS = ["--override.imports", "dtensor_rules.integrations.torchtitan.expert_parallel"]
 OURS_BF16 = ["--override.imports", 'dtensor_rules.integrations.torchtitan.expert_parallel={"bf16_dispatch": true}']
 LAYOUTS = {"ep4": ["--parallelism.expert_parallel_degree", "4"],
@@ -72,16 +79,20 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--no-save-moves", action="store_true")
     p.add_argument("--worker", nargs=2)
     a = p.parse_args()
     if a.worker:
         _worker(a.worker[0], json.loads(a.worker[1]))
         return
+    ours, ours_bf16 = OURS, OURS_BF16
+    if not a.no_save_moves:
+        ours, ours_bf16 = [*OURS, SAC], [*OURS_BF16, SAC]
     steps = ["--training.steps", str(a.steps)]
     table = []
     for layout, mesh in LAYOUTS.items():
         for dtype, act in DTYPES.items():
-            paths = {"titan": [], "ours": OURS} | ({"ours_bf16": OURS_BF16} if dtype == "fp32" else {})
+            paths = {"titan": [], "ours": ours} | ({"ours_bf16": ours_bf16} if dtype == "fp32" else {})
             results: dict[str, list[list[dict]]] = {k: [] for k in paths}  # path -> per repeat: rows per rank
             for rep in range(a.repeats):
                 order = list(paths) if rep % 2 == 0 else list(paths)[::-1]  # interleaved: ABC, CBA, ...
