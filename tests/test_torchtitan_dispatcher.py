@@ -30,7 +30,7 @@ from torch.testing._internal.distributed.multi_threaded_pg import _uninstall_thr
 from tests._torchtitan import require_torchtitan
 
 WORLD, E, K, T, D, H = 4, 8, 2, 48, 32, 64
-pytestmark = pytest.mark.filterwarnings("ignore:In CPU autocast")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:In CPU autocast")]
 
 
 def _experts(n: int, weights: dict[str, torch.Tensor] | None = None):
