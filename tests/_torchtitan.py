@@ -38,9 +38,12 @@ def require_helion_rope():
 
 def torchtitan_moe(dim: int = 16, hidden: int = 32, n_experts: int = 8, top_k: int = 2, *, score_func: str = "softmax",
                    route_norm: bool = True, route_scale: float = 1.0, shared: bool = True, seed: int = 0,
-                   bias_hot: int | None = None):
+                   bias_hot: int | None = None, meta: bool = False):
     """A torchtitan 0.3.0 DeepSeek-V3-style ``MoE`` (its own classes and configs), seeded weights and
-    a small expert bias (``bias_hot``: that expert gets +10, so every token picks it)."""
+    a small expert bias (``bias_hot``: that expert gets +10, so every token picks it).
+
+    ``meta=True``: built under ``torch.device("meta")`` as torchtitan's trainer builds its model,
+    so no tensor holds values."""
     moe = require_torchtitan()
     from torchtitan.models.common.feed_forward import FeedForward
     from torchtitan.models.common.linear import Linear
@@ -58,6 +61,9 @@ def torchtitan_moe(dim: int = 16, hidden: int = 32, n_experts: int = 8, top_k: i
                                                 score_func=score_func, route_norm=route_norm, route_scale=route_scale),
         shared_experts=FeedForward.Config(w1=lin(dim, hidden), w2=lin(hidden, dim), w3=lin(dim, hidden)) if shared else None,
     )
+    if meta:
+        with torch.device("meta"):
+            return cfg.build()
     m = cfg.build()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():

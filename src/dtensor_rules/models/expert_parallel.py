@@ -341,6 +341,10 @@ def distribute_named(module: nn.Module, mesh: DeviceMesh, plan: dict[str, tuple[
     On a simulated mesh every rank gets its own copy first (``per_rank_copies``), as
     :func:`~dtensor_rules.models.moe.distribute_params` explains. A ``Partial`` placement
     (a counter) starts from zeros on every rank: a counter holding counts raises (reset it first).
+
+    Meta tensors (a model built under ``torch.device("meta")``) become meta DTensors and are
+    never read: the values arrive with ``module.to_empty(device=...)`` and the model's own
+    init, which must also zero the counters (an uninitialized counter holds garbage).
     """
     from dtensor_rules._upstream import per_rank_copies
 
@@ -353,7 +357,7 @@ def distribute_named(module: nn.Module, mesh: DeviceMesh, plan: dict[str, tuple[
             continue
         local = per_rank_copies(t.detach())
         if any(isinstance(p, Partial) for p in placements):
-            if bool(t.detach().ne(0).any()):
+            if not t.is_meta and bool(t.detach().ne(0).any()):
                 raise ValueError(f"{name} is a counter (Partial on ep) but holds counts: zero it before expert_parallel")
             d = DTensor.from_local(local, mesh, placements, run_check=False)
         else:
