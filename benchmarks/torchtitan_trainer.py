@@ -53,7 +53,7 @@ def _worker(out: str, runs: list[list[str]]) -> None:
     from torchtitan.tools.logging import init_logger
 
     init_logger()
-    rows = [train(args) for args in runs]
+    rows = [train([*args, "--dump_folder", f"{out}.dump"]) for args in runs]  # logs in the temporary folder
     with open(f"{out}.{dist.get_rank()}.json", "w") as f:
         json.dump(rows, f)
 

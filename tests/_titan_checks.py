@@ -44,8 +44,9 @@ def main(out: str, layout: str) -> None:
 
     if layout in ("ep4", "ep2", "ep2tp2"):
         mesh = {"ep4": EP4, "ep2": EP2, "ep2tp2": EP2TP2}[layout]
-        run("titan", [*mesh, "--training.steps", "3"])
-        run("ours", [*mesh, *OURS, "--training.steps", "3"])
+        dump = ["--dump_folder", f"{out}.dump"]  # torchtitan's logs go beside OUT, not into the checkout
+        run("titan", [*mesh, *dump, "--training.steps", "3"])
+        run("ours", [*mesh, *dump, *OURS, "--training.steps", "3"])
     elif layout == "ep4_resume":
         # next to OUT (the test's temporary folder): every rank writes into the same checkpoint
         ckpt = [*EP4, "--training.steps", "4", "--dump_folder", f"{out}.dump", "--checkpoint.enable",
