@@ -32,6 +32,8 @@ HEAVIEST: tuple[tuple[str, float], ...] = (
     ("tests/test_moe_training.py::test_gloo_training_equals_one_device", 45),  # one xdist_group
     ("tests/test_benchmark_smoke.py::test_moe_vs_torchtitan_quick_prints_the_table", 40),
     ("tests/test_ep_compile.py::test_ep_block_compiles_to_one_graph_and_equals_one_device", 40),  # 2 gloo ranks, aot_eager + inductor: 40 s near idle, 150 s busy
+    # 2 gloo ranks, 3 compiles (aot_eager twice, inductor), 12 calls
+    ("tests/test_ep_compile_sweep.py::test_compiled_expert_parallel_equals_one_device_at_every_row_count", 35),
     ("tests/test_train_example.py::test_gloo_fsdp2_ep_tp_trains_like_one_device_and_resumes_bit_for_bit", 34),
     ("tests/test_rules_compile.py::test_families_compile_with_backed_and_unbacked_sizes", 33),
     ("tests/test_train_example.py::test_gloo_ep_tp_trains_like_one_device_and_resumes_bit_for_bit", 32),

@@ -23,11 +23,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import dtensor_rules
 from dtensor_rules import registry
@@ -36,67 +35,12 @@ from dtensor_rules.testing.dispatch import layout_kinds, pick_layouts, sharded_c
 from dtensor_rules.testing.simulate import Sample
 from dtensor_rules.testing.tables import emitted
 from tests._torchtitan import require_helion_rope, require_torchtitan
+from tests._torchtitan_cpu_kernels import (fused_mla_k_rope_cpu, fused_mla_kv_backward_cpu, fused_mla_q_rope_cpu,
+                                           helion_on_cpu, silu_and_mul_backward_cpu, silu_and_mul_cpu)
 
 HELION_OPS = tuple(f"helion_{kind}_rope_{d}" for kind in ("cossin", "complex") for d in ("fwd", "bwd"))
 OPS = ("deterministic_scatter_add", "silu_and_mul", "silu_and_mul_backward", "fused_mla_k_rope", "fused_mla_kv_backward",
        "fused_mla_q_rope_", *HELION_OPS)
-
-
-def _rows_before(n: int, offsets: torch.Tensor | None, device: torch.device) -> torch.Tensor:
-    limit = n if offsets is None else int(offsets[-1])
-    return (torch.arange(n, device=device) < limit).unsqueeze(-1)
-
-
-def _silu_and_mul_cpu(gate: torch.Tensor, up: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
-    out = (F.silu(gate.float()) * up.float()).to(gate.dtype)
-    return torch.where(_rows_before(gate.shape[0], offsets, gate.device), out, torch.zeros_like(out))
-
-
-def _silu_and_mul_backward_cpu(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
-                               offsets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    g, x, u = grad.float(), gate.float(), up.float()
-    s = torch.sigmoid(x)
-    keep = _rows_before(gate.shape[0], offsets, gate.device)
-    grad_gate = torch.where(keep, g * u * s * (1 + x * (1 - s)), 0.0).to(gate.dtype)
-    grad_up = torch.where(keep, g * x * s, 0.0).to(up.dtype)
-    return grad_gate, grad_up
-
-
-def _rotate(x: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor, inverse: bool) -> torch.Tensor:
-    """torchtitan's ComplexRoPE on adjacent pairs of the last dim, in float32 (the kernels' math)."""
-    cs = cache[positions].float()  # (B, L, R/2, 2)
-    cos, sin = cs[..., 0], cs[..., 1]
-    while cos.ndim < x.ndim:  # broadcast over heads
-        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    even, odd = x.float()[..., 0::2], x.float()[..., 1::2]
-    if inverse:
-        out = torch.stack([even * cos + odd * sin, odd * cos - even * sin], dim=-1)
-    else:
-        out = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
-    return out.flatten(-2)
-
-
-def _fused_mla_k_rope_cpu(kv: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor,
-                          q_nope_dim: int) -> torch.Tensor:
-    rope = _rotate(k_pe, cache, positions, inverse=False).to(kv.dtype)
-    heads = kv.shape[2]
-    return torch.cat([kv[..., :q_nope_dim], rope.unsqueeze(2).expand(-1, -1, heads, -1)], dim=-1).contiguous()
-
-
-def _fused_mla_kv_backward_cpu(grad_k: torch.Tensor, grad_v: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor,
-                               q_nope_dim: int, rope_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    grad_kv = torch.cat([grad_k[..., :q_nope_dim], grad_v], dim=-1).contiguous()
-    summed = grad_k[..., q_nope_dim:].float().sum(dim=2)
-    if grad_k.dtype in (torch.bfloat16, torch.float16):  # the kernel keeps eager's rounding of the head sum
-        summed = summed.to(grad_k.dtype).float()
-    return grad_kv, _rotate(summed, cache, positions, inverse=True).to(grad_k.dtype)
-
-
-def _fused_mla_q_rope_cpu(q: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor, q_nope_dim: int,
-                          inverse: bool) -> torch.Tensor:
-    """In place, like the kernel: the rope part of every head rotated (or back), the nope part untouched."""
-    q[..., q_nope_dim:] = _rotate(q[..., q_nope_dim:], cache, positions, inverse).to(q.dtype)
-    return q
 
 
 @pytest.fixture(scope="module")
@@ -106,41 +50,17 @@ def titan_ops() -> Iterator[dict[str, torch._ops.OpOverload]]:
     require_torchtitan("torchtitan.overrides.fused_swiglu")
     require_torchtitan("torchtitan.overrides.fused_mla")
     lib = torch.library.Library("torchtitan", "IMPL")
-    lib.impl("fused_mla_k_rope", _fused_mla_k_rope_cpu, "CPU")
-    lib.impl("fused_mla_kv_backward", _fused_mla_kv_backward_cpu, "CPU")
-    lib.impl("fused_mla_q_rope_", _fused_mla_q_rope_cpu, "CPU")
-    lib.impl("silu_and_mul", _silu_and_mul_cpu, "CPU")
-    lib.impl("silu_and_mul_backward", _silu_and_mul_backward_cpu, "CPU")
-    restore = _helion_on_cpu(lib)
+    lib.impl("fused_mla_k_rope", fused_mla_k_rope_cpu, "CPU")
+    lib.impl("fused_mla_kv_backward", fused_mla_kv_backward_cpu, "CPU")
+    lib.impl("fused_mla_q_rope_", fused_mla_q_rope_cpu, "CPU")
+    lib.impl("silu_and_mul", silu_and_mul_cpu, "CPU")
+    lib.impl("silu_and_mul_backward", silu_and_mul_backward_cpu, "CPU")
+    restore = helion_on_cpu(lib)
     try:
         yield {name: getattr(torch.ops.torchtitan, name).default for name in OPS if hasattr(torch.ops.torchtitan, name)}
     finally:
         lib._destroy()
         restore()
-
-
-def _helion_on_cpu(lib: torch.library.Library) -> Callable[[], None]:
-    """Where helion is installed: the helion ops' CPU kernel is torchtitan's own helion kernel in
-    helion's reference (eager PyTorch) mode, so the rules are checked against the real kernel code."""
-    try:
-        hr = require_helion_rope()
-    except pytest.skip.Exception:
-        return lambda: None
-    from helion.runtime.ref_mode import RefMode
-
-    kernels = {f"helion_{k}_rope_{d}": getattr(hr, f"_rope_{n}_{d}") for k, n in (("cossin", "cos_sin"),
-                                                                                ("complex", "complex"))
-               for d in ("fwd", "bwd")}
-    before = {name: k.settings.ref_mode for name, k in kernels.items()}
-    for name, kernel in kernels.items():
-        kernel.settings.ref_mode = RefMode.EAGER
-        lib.impl(name, lambda *a, _k=kernel: _k(*(t.contiguous() for t in a)), "CPU")
-
-    def restore() -> None:
-        for name, kernel in kernels.items():
-            kernel.settings.ref_mode = before[name]
-
-    return restore
 
 
 def _op(titan_ops: dict, name: str) -> torch._ops.OpOverload:

@@ -21,6 +21,8 @@ Modules, each with one job:
 - :mod:`.planner`: upstream's redistribute planner, for the side-by-side benchmark (not re-exported).
 - :mod:`.mask`: upstream's masked-partial placement and ours (lookups into a sharded table).
 - :mod:`.tracing`: symbolic tracing's symbol records (a proxy cycle under ``torch.compile``).
+- :mod:`.static_shards`: compiled DTensor code with 0 or 1 rows on a rank (an unguarded global size,
+  a size fixed in the backward).
 - :mod:`.hinted_costs`: upstream's strategy pricing on size hints under symbolic shapes (compile time).
 - :mod:`.measured`: ours vs upstream measured per torch release; which rule ``install()`` keeps.
 - :mod:`.contract`: the list of upstream symbols and signatures all of the above rely on.

@@ -124,4 +124,8 @@ REQUIREMENTS: tuple[Requirement, ...] = (
                 why="tracing.keep_first_symbol_record: compiled DTensor code without a proxy cycle"),
     Requirement("torch.fx.experimental.proxy_tensor", "PythonKeyTracer", attrs=("sympy_expr_tracker",),
                 why="tracing.keep_first_symbol_record"),
+    Requirement("torch.fx.experimental.symbolic_shapes", "guard_scalar",
+                why="static_shards.guard_global_sizes: fix a DTensor's global size while Dynamo traces"),
+    Requirement("torch.fx.experimental.symbolic_shapes", "has_static_value",
+                why="static_shards.guard_global_sizes: which local sizes Dynamo made static"),
 )

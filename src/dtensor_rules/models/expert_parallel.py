@@ -53,6 +53,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 
+from dtensor_rules._upstream.static_shards import guard_global_sizes
 from dtensor_rules.models.ep_adapters import EPAdapter, adapter_for, resolve_adapter
 from dtensor_rules.models.ep_checks import check_block, check_tokens_before_forward, mesh_name_error
 from dtensor_rules.models.ep_local import ep_routed_experts
@@ -168,6 +169,7 @@ def routed_experts_ep(moe: nn.Module | EPAdapter, ep: EPMesh, x: DTensor, idx: D
     a = moe if isinstance(moe, EPAdapter) else adapter_for(moe)
     tokens = _placements(ep, Shard(0), Replicate())
     token_grads = _placements(ep, Shard(0), Partial())  # each tp rank's gradient is its hidden slice's part
+    guard_global_sizes(x)  # compiled with 0 or 1 rows on a rank: see _upstream/static_shards.py
     x_l, w_l = (t.redistribute(ep.mesh, tokens).to_local(grad_placements=token_grads) for t in (x, weights))
     idx_l = idx.redistribute(ep.mesh, tokens).to_local()
     dim, k = x_l.shape[-1], idx_l.shape[-1]
@@ -206,6 +208,7 @@ def routed_experts_borrowed(moe: nn.Module | EPAdapter, ep: BorrowedEPMesh, x: D
             f"with ep_dims the tokens must be split on every mesh dim along a leading (token) dim, got {tokens}; "
             "use token_placements(mesh, ep_dims=...)"
         )
+    guard_global_sizes(x)  # compiled with 0 or 1 rows on a rank: see _upstream/static_shards.py
     x_l, w_l = (t.redistribute(ep.mesh, tokens).to_local(grad_placements=tokens) for t in (x, weights))
     idx_l = idx.redistribute(ep.mesh, tokens).to_local()
     dim, k = x_l.shape[-1], idx_l.shape[-1]
