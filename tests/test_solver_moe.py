@@ -90,7 +90,7 @@ def test_ilp_objective_is_the_brute_force_minimum_on_a_tiny_graph() -> None:
             continue
         cost = sum(problem.choices[n].compute_us[o] for n, o in choice.items())
         for e in problem.edges:  # what the consumer's row needs, from what the producer's row outputs
-            u = e.producer_u[choice[e.producer]]
+            u = e.producer_layout[choice[e.producer]]
             cost += math.inf if u is None else e.cost[choice[e.consumer]][u]
         best = min(best, cost)
     assert math.isfinite(best)
@@ -214,7 +214,7 @@ def test_hand_ep_is_priced_with_its_dispatch_and_the_free_choice_is_no_dearer(ep
     assert all(fixed.params[k] == v for k, v in hand.items())
     p, s = fixed.problem, fixed.solution
     ru, ra = RoutedRows(0, 8, False), RoutedRows(0, 8, True)
-    moves = {(e.layouts[e.producer_u[s.choice[e.producer]]], p.choices[e.consumer].rows[s.choice[e.consumer]].ins[e.arg])
+    moves = {(e.layouts[e.producer_layout[s.choice[e.producer]]], p.choices[e.consumer].rows[s.choice[e.consumer]].ins[e.arg])
              for e in p.edges}
     assert ((ru,), (ra,)) in moves and ((ra,), (ru,)) in moves  # dispatch and combine, both priced
     assert free.objective_us <= fixed.objective_us * (1 + 1e-9)
@@ -267,7 +267,7 @@ def test_the_expert_parallel_choice_runs_through_expert_parallel_and_equals_one_
 
 def test_an_ep_row_prices_each_rank_on_its_own_share_of_the_index() -> None:
     """The permute ``x[token]`` in an expert-parallel row (x ``Shard(0)``, ids ``Replicate`` ->
-    ``RU(0)``): in the EP region each rank gathers only its own tokens' rows, so it costs
+    ``TokenRows(0)``): in the EP region each rank gathers only its own tokens' rows, so it costs
     what the same gather on a quarter of the ids does (ids ``Shard(0)``), not the whole-index
     gather (4x the rows) it was priced at before."""
     from torch.fx.experimental.proxy_tensor import make_fx

@@ -80,7 +80,7 @@ def _report(rules: str, jg, strategies, mesh: DeviceMesh) -> None:
     print(f"{rules}: gap objective {plan.objective_us:.1f} us, the same plan as performed {as_performed:.1f} us "
           f"({as_performed / plan.objective_us:.3f}x), optimum as performed {optimum:.1f} us", flush=True)
     for e, g in zip(performed.edges, gap.edges):
-        u = e.producer_u[plan.choice[e.producer]]
+        u = e.producer_layout[plan.choice[e.producer]]
         need = performed.choices[e.consumer].rows[plan.choice[e.consumer]].ins[e.arg]
         if u is not None and partial_switch_dims(e.layouts[u], need):
             print(f"   switch {e.producer} -> {e.consumer}[{e.arg}] {_pl(e.layouts[u])} -> {_pl(need)}: "

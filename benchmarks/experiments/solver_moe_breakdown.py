@@ -27,7 +27,7 @@ def breakdown(c, top: int = 6) -> str:
     compute = {n: p.choices[n].compute_us[o] for n, o in choice.items()}
     moves: dict[str, float] = defaultdict(float)
     for e in p.edges:
-        u = e.producer_u[choice[e.producer]]
+        u = e.producer_layout[choice[e.producer]]
         cost = math.inf if u is None else e.cost[choice[e.consumer]][u]
         if cost:
             moves[f"{e.producer} -> {e.consumer}[{e.arg}] {_pl(e.layouts[u])} -> {_pl(p.choices[e.consumer].rows[choice[e.consumer]].ins[e.arg])}"] += cost
@@ -42,10 +42,10 @@ def breakdown(c, top: int = 6) -> str:
 
 
 def _pl(layout) -> str:
-    """``bench._pl`` with the routed-rows labels told apart: RU(d) unaligned (before dispatch), RA(d) aligned."""
+    """``bench._pl`` with the routed-rows labels told apart: TokenRows(d) unaligned (before dispatch), ExpertRows(d) aligned."""
     from dtensor_rules.solver.ep_rows import RoutedRows
 
-    return "(" + ", ".join((f"RA({p.dim})" if p.aligned else f"RU({p.dim})") if isinstance(p, RoutedRows)
+    return "(" + ", ".join((f"ExpertRows({p.dim})" if p.aligned else f"TokenRows({p.dim})") if isinstance(p, RoutedRows)
                            else bench._pl((p,))[1:-1] for p in layout) + ")"
 
 

@@ -269,8 +269,8 @@ def collective_shards_fit(shape: Sequence[int], src: Sequence[Key], dst: Sequenc
     dispatch fails ("'NoneType' object has no attribute 'requires_grad'", torch 2.13 and 2.14;
     upstream's own strategies fail there too). Every other uneven or empty layout runs (upstream
     2.13's ``cat``/``scatter``/``softmax`` strategies choose them), and on a real mesh this one
-    does too, so only that move on the simulated mesh is refused (#18.6: refusing every
-    reduce-scatter into empty shards moved more bytes than upstream's choice).
+    does too, so only that move on the simulated mesh is refused (refusing every reduce-scatter
+    into empty shards would move more bytes than upstream's choice).
     """
     if enabled_local_tensor_mode() is None:
         return True
@@ -360,8 +360,8 @@ def priced_strategy(
 
 class Pricer:
     """DTensor's redistribute cost of many candidate strategies of ONE dispatch call, without
-    building their specs (#21.1: the search priced up to 1024 products, each with full
-    ``DTensorSpec`` / ``OpSpec`` objects — scatter_add that moves on 8x8x8 was 11x upstream).
+    building their specs (the search prices up to 1024 products; building a full ``DTensorSpec`` /
+    ``OpSpec`` for each made a moving scatter_add on 8x8x8 cost 11x upstream's propagation).
 
     :meth:`cost` applies exactly :func:`priced_strategy`'s usability tests and sums the same
     per-input costs in the same order, so the cheapest product is the same one; each input's move
@@ -472,7 +472,7 @@ def follows_held(
     shape: Sequence[int], target: Sequence[Key], mesh_sizes: Sequence[int], held: set[tuple[int, int, tuple[int, ...]]]
 ) -> bool:
     """Whether every dim of ``shape`` that ``target`` shards into more pieces than it has rows is
-    sharded over exactly the mesh dims some input's current layout shards that dim over (#18.6).
+    sharded over exactly the mesh dims some input's current layout shards that dim over.
 
     Upstream's own strategies (softmax backward, cat, scatter) follow an input's layout dim by dim
     without a shardability test: g (R, R) and y (S(0), S(1)) of a 1x1 tensor go to (R, S(1)).

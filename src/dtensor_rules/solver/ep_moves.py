@@ -6,14 +6,14 @@ experts and ``skew >= 1`` (largest / mean rows a rank holds; 1 = the expected-va
 priced with the :class:`~dtensor_rules.redistribute.topology.Topology` formulas on mesh dim ``m``
 (what ``expert_parallel``'s region runs: ``models/ep_local.py``):
 
-=================  =========================================================  ============
-move               collectives                                                cost
-=================  =========================================================  ============
-dispatch RU->RA    counts all-to-all (``8E`` bytes), one host sync, tokens    a2a(8E) + sync + a2a(N w / n * skew)
-combine  RA->RU    tokens back (counts reused: no exchange, no sync)          a2a(N w / n * skew)
-all_gather_v ->R   counts all-gather (``8 n E``), padded all-gather of rows   ag(8 n E) + ag(N w * skew)
-select   R->RU/RA  local rows of this rank                                    0
-=================  =========================================================  ============
+==============================  ========================================================  ====================================
+move                            collectives                                               cost
+==============================  ========================================================  ====================================
+dispatch TokenRows->ExpertRows  counts all-to-all (``8E`` bytes), one host sync, tokens   a2a(8E) + sync + a2a(N w / n * skew)
+combine ExpertRows->TokenRows   tokens back (counts reused: no exchange, no sync)         a2a(N w / n * skew)
+all_gather_v ->R                counts all-gather (``8 n E``), padded all-gather of rows  ag(8 n E) + ag(N w * skew)
+select R->TokenRows/ExpertRows  local rows of this rank                                   0
+==============================  ========================================================  ====================================
 
 ``sync`` is ``Topology``-independent here: pass ``sync_us`` (the device-to-host round trip and
 the stall it causes, to be measured on the target). Other mesh dims are priced by the ordinary

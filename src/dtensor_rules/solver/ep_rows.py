@@ -5,23 +5,23 @@ Why here and not from DTensor's propagator: no DTensor placement can describe th
 rule answers a solver's query with such a row. These rows describe what ``expert_parallel``'s
 region does (``models/ep_local.py``), per node of the traced block, on one expert-parallel mesh
 dim ``m`` (any mesh dim whose size divides the number of experts ``E``), with the label
-:class:`RoutedRows` on ``m``: ``RU`` (unaligned: each rank its own tokens' assignment rows, sorted
-by expert, before the dispatch) and ``RA`` (aligned: each rank the rows of its own experts, after
+:class:`RoutedRows` on ``m``: ``TokenRows`` (unaligned: each rank its own tokens' assignment rows, sorted
+by expert, before the dispatch) and ``ExpertRows`` (aligned: each rank the rows of its own experts, after
 it). Every other mesh dim keeps what the row says there:
 
 - ``index(data, [idx])`` (the token permute ``x[token]``, and ``out_pad[dest]`` after the
-  combine): data ``Shard(0)`` or unaligned -> unaligned rows ``RU(0)``, the index replicated;
+  combine): data ``Shard(0)`` or unaligned -> unaligned rows ``TokenRows(0)``, the index replicated;
 - ``index_put`` into the padded buffer: unaligned in, unaligned out (each rank places its rows);
 - ``scatter_add`` / ``gather`` on dim 0 (combine into tokens, its backward): tokens ``Shard(0)``
   <-> unaligned rows;
-- ``_grouped_mm``: aligned rows (``RA``) x experts ``Shard(0)`` -> aligned rows (forward and
+- ``_grouped_mm``: aligned rows (``ExpertRows``) x experts ``Shard(0)`` -> aligned rows (forward and
   grad-input), and aligned x aligned -> expert-sharded ``Shard(0)`` (grad-weight); ``offs``
   replicated (each rank reads its own experts' ends); TP-style combos on the other mesh dims;
 - ``new_zeros`` & co. (they read only their input's dtype): a routed input, a replicated output;
 - pointwise / cast / (un)squeeze / sum / transpose: every plain row that shards the routed rows
-  dim on ``m`` gets a copy with that ``Shard`` read as ``RU`` and one read as ``RA``.
+  dim on ``m`` gets a copy with that ``Shard`` read as ``TokenRows`` and one read as ``ExpertRows``.
 
-The dispatch (``RU -> RA``) and combine (``RA -> RU``) are then edges priced by
+The dispatch (``TokenRows -> ExpertRows``) and combine (``ExpertRows -> TokenRows``) are then edges priced by
 ``solver/ep_moves.py`` (counts all-to-all, host sync, token all-to-all). Routing tensors (ints)
 never get these rows: they stay as the rules place them. Sizes are priced as an even split
 (expected-uniform routing): the solver works on fake tensors, so no routing is known. A choice
@@ -64,7 +64,7 @@ class RoutedRows:
         return False
 
     def __str__(self) -> str:
-        return f"{'RA' if self.aligned else 'RU'}({self.dim})"
+        return f"{'ExpertRows' if self.aligned else 'TokenRows'}({self.dim})"
 
 
 def is_routed(placement: object) -> bool:
@@ -153,48 +153,48 @@ def _rows(node: fx.Node, nr: NodeRows, m: int, ndim: int, E: int, lens: frozense
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor) or not val.is_floating_point():
         return []
-    RU, RA = RoutedRows(0, E, False), RoutedRows(0, E, True)
+    token_rows, expert_rows = RoutedRows(0, E, False), RoutedRows(0, E, True)
     metas = nr.metas
     rows: list[Row] = []
     if t is aten._grouped_mm.default and len(metas) == 3:
         a, b = metas[0], metas[1]
         if len(a.shape) == 2 and len(b.shape) == 3 and a.shape[0] in lens:  # rows x experts -> rows
             for x, w, o in _others(ndim, _GMM_3D):
-                rows.append(Row((_lay(ndim, m, RA, o),),
-                                (_lay(ndim, m, RA, x), _lay(ndim, m, Shard(0), w), _lay(ndim, m, R, (R,) * (ndim - 1)))))
+                rows.append(Row((_lay(ndim, m, expert_rows, o),),
+                                (_lay(ndim, m, expert_rows, x), _lay(ndim, m, Shard(0), w), _lay(ndim, m, R, (R,) * (ndim - 1)))))
         elif len(a.shape) == 2 and len(b.shape) == 2 and a.shape[1] in lens and b.shape[0] in lens:  # grad weight
             for x, g, o in _others(ndim, _GMM_2D):
                 rows.append(Row((_lay(ndim, m, Shard(0), o),),
-                                (_lay(ndim, m, RoutedRows(1, E, True), x), _lay(ndim, m, RA, g),
+                                (_lay(ndim, m, RoutedRows(1, E, True), x), _lay(ndim, m, expert_rows, g),
                                  _lay(ndim, m, R, (R,) * (ndim - 1)))))
         return rows
     keep = ((R, R), (P, P))  # (data, out) on another mesh dim: replicated, or a linear op of a partial sum
     rep = (R,) * (ndim - 1)
     if t is aten.index.Tensor and len(metas) == 2 and len(metas[0].shape) == 2 and val.shape[0] in lens:
         for d, o in _others(ndim, keep):
-            for src in (Shard(0), RU):
-                rows.append(Row((_lay(ndim, m, RU, o),), (_lay(ndim, m, src, d), _lay(ndim, m, R, rep))))
+            for src in (Shard(0), token_rows):
+                rows.append(Row((_lay(ndim, m, token_rows, o),), (_lay(ndim, m, src, d), _lay(ndim, m, R, rep))))
     elif (t is aten.index_put.default and len(metas) == 3 and len(metas[0].shape) == 2 and val.shape[0] in lens
           and metas[2].shape[0] in lens):
         for d, o in _others(ndim, keep):
-            rows.append(Row((_lay(ndim, m, RU, o),),
-                            (_lay(ndim, m, RU, d), _lay(ndim, m, R, rep), _lay(ndim, m, RU, d))))
+            rows.append(Row((_lay(ndim, m, token_rows, o),),
+                            (_lay(ndim, m, token_rows, d), _lay(ndim, m, R, rep), _lay(ndim, m, token_rows, d))))
     elif (t is aten.scatter_add.default and node.args[1] == 0 and len(metas) == 3 and len(metas[0].shape) == 2
           and metas[2].shape[0] in lens):
         for d, o in _others(ndim, keep):
             rows.append(Row((_lay(ndim, m, Shard(0), o),),
-                            (_lay(ndim, m, Shard(0), d), _lay(ndim, m, R, rep), _lay(ndim, m, RU, d))))
+                            (_lay(ndim, m, Shard(0), d), _lay(ndim, m, R, rep), _lay(ndim, m, token_rows, d))))
     elif (t is aten.gather.default and node.args[1] == 0 and len(metas) == 2 and len(metas[0].shape) == 2
           and val.shape[0] in lens):
         for d, o in _others(ndim, keep):
-            rows.append(Row((_lay(ndim, m, RU, o),), (_lay(ndim, m, Shard(0), d), _lay(ndim, m, R, rep))))
+            rows.append(Row((_lay(ndim, m, token_rows, o),), (_lay(ndim, m, Shard(0), d), _lay(ndim, m, R, rep))))
     elif t in _PASS or (hasattr(t, "tags") and torch.Tag.pointwise in t.tags):
         rows = [r2 for r in nr.rows for r2 in _substituted(r, val, metas, m, E, lens)]
     return rows
 
 
 def _substituted(row: Row, val: torch.Tensor, metas: tuple, m: int, E: int, lens: frozenset[int]) -> list[Row]:
-    """``row`` with its ``Shard`` of the routed rows dim on mesh dim ``m`` read as RU, and as RA."""
+    """``row`` with its ``Shard`` of the routed rows dim on mesh dim ``m`` read as TokenRows, and as ExpertRows."""
     if len(row.outs) != 1 or row.outs[0] is None:
         return []
     shapes = (tuple(val.shape), *(tuple(mt.shape) for mt in metas))

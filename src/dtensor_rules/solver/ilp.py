@@ -1,12 +1,12 @@
 """Choose one row per node by integer linear programming (PuLP + its bundled CBC).
 
-AutoParallel's formulation, per tensor argument: a binary ``y[n, i, o, u]`` says "node ``n``
-runs row ``o`` and its argument ``i`` arrives from the producer's output layout ``u``"; its
-cost is the move ``u -> row o's input layout`` (plus the row's compute, on argument 0). Rows
+AutoParallel's formulation, per tensor argument: a binary ``y[n, i, row, layout]`` says "node
+``n`` runs ``row`` and its argument ``i`` arrives from the producer's output ``layout``"; its
+cost is the move ``layout -> row's input layout`` (plus the row's compute, on argument 0). Rows
 of a node are the same across its arguments; what a consumer reads equals what the producer
 chose (flow); an impossible move is no variable at all (AutoParallel makes it and forces it
-to 0). Producer rows with the same output layout share ``u``, so the edge variables count
-layouts, not rows. Parameters' rank-0 bytes, summed over the chosen rows, stay under a cap.
+to 0). Producer rows with the same output layout share one
+``layout`` index, so the edge variables count layouts, not rows. Parameters' rank-0 bytes, summed over the chosen rows, stay under a cap.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def solve(problem: Problem, memory_cap: float | None = None, time_limit_s: float
     for e in problem.edges:
         by_consumer.setdefault(e.consumer, []).append(e)
     objective = []
-    # choice[n][o]: an expression that is 1 iff node n runs row o
+    # choice[n][row]: an expression that is 1 iff node n runs that row
     choice: dict[str, list] = {}
     arg_vars: dict[tuple[str, int], dict[tuple[int, int], pulp.LpVariable]] = {}
     for name, ch in problem.choices.items():
@@ -55,23 +55,24 @@ def solve(problem: Problem, memory_cap: float | None = None, time_limit_s: float
             objective += [c * x for c, x in zip(ch.compute_us, xs) if c]
             continue
         for e in edges:
-            ys = {(o, u): var() for o, row_cost in enumerate(e.cost) for u, c in enumerate(row_cost) if not math.isinf(c)}
+            ys = {(row, layout): var() for row, row_cost in enumerate(e.cost)
+                  for layout, c in enumerate(row_cost) if not math.isinf(c)}
             arg_vars[(name, e.arg)] = ys
-            objective += [e.cost[o][u] * y for (o, u), y in ys.items() if e.cost[o][u]]
+            objective += [e.cost[row][layout] * y for (row, layout), y in ys.items() if e.cost[row][layout]]
         first = arg_vars[(name, edges[0].arg)]
-        choice[name] = [pulp.lpSum(y for (o, _u), y in first.items() if o == row) for row in range(len(ch.rows))]
-        objective += [c * choice[name][o] for o, c in enumerate(ch.compute_us) if c]
+        choice[name] = [pulp.lpSum(y for (r, _layout), y in first.items() if r == row) for row in range(len(ch.rows))]
+        objective += [c * choice[name][row] for row, c in enumerate(ch.compute_us) if c]
         for e in edges[1:]:  # every argument agrees on the row
             ys = arg_vars[(name, e.arg)]
-            for o in range(len(ch.rows)):
-                prob += pulp.lpSum(y for (oo, _u), y in ys.items() if oo == o) == choice[name][o]
+            for row in range(len(ch.rows)):
+                prob += pulp.lpSum(y for (r, _layout), y in ys.items() if r == row) == choice[name][row]
     for name, xs in choice.items():
         prob += pulp.lpSum(xs) == 1
     for e in problem.edges:  # flow: the layout an argument arrives from is the one its producer outputs
         ys = arg_vars[(e.consumer, e.arg)]
-        for u in range(len(e.layouts)):
-            produced = pulp.lpSum(choice[e.producer][j] for j, uu in enumerate(e.producer_u) if uu == u)
-            prob += pulp.lpSum(y for (_o, uu), y in ys.items() if uu == u) == produced
+        for layout in range(len(e.layouts)):
+            produced = pulp.lpSum(choice[e.producer][j] for j, lay in enumerate(e.producer_layout) if lay == layout)
+            prob += pulp.lpSum(y for (_row, lay), y in ys.items() if lay == layout) == produced
     for a, b in problem.ties:
         for xa, xb in zip(choice[a], choice[b]):
             prob += xa == xb
@@ -87,14 +88,14 @@ def solve(problem: Problem, memory_cap: float | None = None, time_limit_s: float
     status_name = pulp.LpStatus[status]
     if status_name != "Optimal":
         raise RuntimeError(f"no placement meets the constraints (CBC: {status_name}); raise memory_cap")
-    picked = {n: max(range(len(xs)), key=lambda o: pulp.value(xs[o]) or 0.0) for n, xs in choice.items()}
+    picked = {n: max(range(len(xs)), key=lambda row: pulp.value(xs[row]) or 0.0) for n, xs in choice.items()}
     return Solution(picked, float(pulp.value(prob.objective) or 0.0), n_vars, prob.numConstraints(), solve_s, status_name)
 
 
 def total_cost(problem: Problem, choice: dict[str, int]) -> float:
     """The objective of a full choice, summed directly (inf when a move is impossible)."""
-    total = sum(problem.choices[n].compute_us[o] for n, o in choice.items())
+    total = sum(problem.choices[n].compute_us[row] for n, row in choice.items())
     for e in problem.edges:
-        u = e.producer_u[choice[e.producer]]
-        total += math.inf if u is None else e.cost[choice[e.consumer]][u]
+        layout = e.producer_layout[choice[e.producer]]
+        total += math.inf if layout is None else e.cost[choice[e.consumer]][layout]
     return total

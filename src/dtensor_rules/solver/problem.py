@@ -35,9 +35,9 @@ class Edge(NamedTuple):
     consumer: str
     arg: int
     producer: str
-    layouts: list[Layout]  # the producer's distinct output layouts (u)
-    producer_u: list[int | None]  # the producer row j -> its u
-    cost: list[list[float]]  # cost[o][u] in us (inf: impossible)
+    layouts: list[Layout]  # the producer's distinct output layouts
+    producer_layout: list[int | None]  # producer row j -> the index of its output in ``layouts``
+    cost: list[list[float]]  # cost[consumer row][layout index] in us (inf: impossible)
 
 
 class Problem(NamedTuple):
@@ -52,10 +52,10 @@ def _edge(consumer: str, arg: int, src: Source, strategies: Strategies,
           required: Sequence[Layout], meta: TensorMeta, pricer: Pricer) -> Edge:
     prod = strategies.nodes[src.node]
     layouts = out_layouts(prod, src.index)
-    index = {lay: u for u, lay in enumerate(layouts)}
-    producer_u = [index.get(r.outs[src.index or 0]) for r in prod.rows]
-    cost = [[pricer.edge_us(meta, u, need) for u in layouts] for need in required]
-    return Edge(consumer, arg, src.node, layouts, producer_u, cost)
+    index = {lay: i for i, lay in enumerate(layouts)}
+    producer_layout = [index.get(r.outs[src.index or 0]) for r in prod.rows]
+    cost = [[pricer.edge_us(meta, lay, need) for lay in layouts] for need in required]
+    return Edge(consumer, arg, src.node, layouts, producer_layout, cost)
 
 
 def build_problem(jg: JointGraph, strategies: Strategies, pricer: Pricer, mesh: DeviceMesh) -> Problem:
