@@ -13,7 +13,7 @@ from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
 import dtensor_rules  # noqa: F401  (installs the rules and the hook)
 from dtensor_rules._upstream import (
-    CacheMissCall,
+    CacheMissArguments,
     OpStrategy,
     ShardingPlaceholder,
     StridedShard,
@@ -123,21 +123,26 @@ def test_the_hook_reads_the_callbacks_arguments_by_name_and_passes_them_all_on(m
     monkeypatch.setattr(DTensor, "_op_dispatcher", fake)
     read: list[tuple[Any, ...]] = []
 
-    def handle(call: CacheMissCall, original: Any) -> Any:
-        read.append((call.op_call, call.args, call.kwargs, call.op_info))
-        call.look_in_python_cache()
-        return call.run(original)
+    def make(original: Any, arguments: CacheMissArguments) -> Any:
+        def on_cache_miss(*args: Any, **kwargs: Any) -> Any:
+            call = arguments.bind(args, kwargs)
+            read.append((arguments.op_call(args, kwargs), call.op_call, call.args, call.kwargs, call.op_info))
+            call.look_in_python_cache()
+            return call.run(original)
 
-    wrap_cache_miss(handle)
+        return on_cache_miss
+
+    wrap_cache_miss(make)
     try:
         assert cache_miss_wrapped()
         got = fake._propagate_op_sharding_dispatch_slow_path("info", "op", kwargs={"k": 1}, args=(2,), extra=9)
+        fake._propagate_op_sharding_dispatch_slow_path(op_info="i2", op_call="op2", args=(), kwargs={})
     finally:
         unwrap_cache_miss()
     assert not cache_miss_wrapped()
     assert got == "decision"
-    assert read == [("op", (2,), {"k": 1}, "info")]
-    assert fake.seen == [("info", "op", (2,), {"k": 1}, True, 9)]
+    assert read == [("op", "op", (2,), {"k": 1}, "info"), ("op2", "op2", (), {}, "i2")]
+    assert fake.seen == [("info", "op", (2,), {"k": 1}, True, 9), ("i2", "op2", (), {}, True, 7)]
 
 
 def test_a_callback_without_a_parameter_the_hook_reads_fails_at_wrap_time_naming_it(monkeypatch) -> None:
@@ -147,7 +152,7 @@ def test_a_callback_without_a_parameter_the_hook_reads_fails_at_wrap_time_naming
 
     monkeypatch.setattr(DTensor, "_op_dispatcher", Dispatcher())
     with pytest.raises(RuntimeError, match=r"without \['op_info'\].*cache_miss_hook"):
-        wrap_cache_miss(lambda call, original: call.run(original))
+        wrap_cache_miss(lambda original, arguments: original)
     assert not cache_miss_wrapped()
 
 

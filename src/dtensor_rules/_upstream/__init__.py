@@ -75,6 +75,7 @@ from dtensor_rules._upstream.registries import (
     unwrap_to_op_info,
 )
 from dtensor_rules._upstream.cache_miss import (
+    CacheMissArguments,
     CacheMissCall,
     cache_miss_wrapped,
     is_output_sharding,

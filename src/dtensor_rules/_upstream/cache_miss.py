@@ -4,8 +4,8 @@ DTensor's C++ dispatch calls ``OpDispatcher._propagate_op_sharding_dispatch_slow
 call misses its sharding cache; a non-``OutputSharding`` return is taken as the op's result.
 Its parameters (``op_call, args, kwargs, op_info, try_cache`` in torch 2.13 and 2.14) are read
 from the method's own signature when the wrapper is made, so a release that adds, drops or
-reorders one changes nothing here: :class:`CacheMissCall` names the ones we read, and every
-argument is passed through to the original as it came.
+reorders one changes nothing here: :class:`CacheMissArguments` finds the ones we read by name,
+:class:`CacheMissCall` holds one call's, and every argument reaches the original as it came.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from dtensor_rules._upstream.registries import SLOW_PATH_ATTR, dispatcher
 
-__all__ = ["SLOW_PATH_ATTR", "CacheMissCall", "cache_miss_wrapped", "is_output_sharding", "unwrap_cache_miss", "wrap_cache_miss"]
+__all__ = ["SLOW_PATH_ATTR", "CacheMissArguments", "CacheMissCall", "cache_miss_wrapped", "is_output_sharding", "unwrap_cache_miss", "wrap_cache_miss"]
 
 # the callback's parameters we read; a release without one of them fails at wrap time, by name
 _READ = ("op_call", "args", "kwargs", "op_info")
@@ -24,7 +24,6 @@ _READ = ("op_call", "args", "kwargs", "op_info")
 _TRY_CACHE = "try_cache"
 
 Original = Callable[..., Any]
-Handle = Callable[["CacheMissCall", Original], Any]
 
 
 class CacheMissCall:
@@ -64,23 +63,39 @@ class CacheMissCall:
         return original(*self._bound.args, **self._bound.kwargs)
 
 
-def wrap_cache_miss(handle: Handle) -> None:
-    """Shadow the dispatcher's cache-miss callback (an instance attribute) with one that calls
-    ``handle(call, original)`` for each miss."""
+class CacheMissArguments:
+    """Reads a cache-miss call's arguments by the names in the callback's own signature."""
+
+    __slots__ = ("_op_call_at", "_signature")
+
+    def __init__(self, callback: Original) -> None:
+        self._signature = inspect.signature(callback)
+        names = list(self._signature.parameters)
+        missing = [name for name in _READ if name not in names]
+        if missing:
+            raise RuntimeError(
+                f"DTensor's {SLOW_PATH_ATTR} takes {names}, without {missing}: this torch release changed "
+                "the cache-miss callback; install without the 'cache_miss_hook' patch"
+            )
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        at = names.index("op_call")
+        self._op_call_at = at if self._signature.parameters["op_call"].kind in positional else len(names)
+
+    def op_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The op of a call, read without binding every argument (the hook asks it on every miss)."""
+        return args[self._op_call_at] if len(args) > self._op_call_at else kwargs["op_call"]
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CacheMissCall:
+        """The call with every argument by name."""
+        return CacheMissCall(self._signature.bind(*args, **kwargs))
+
+
+def wrap_cache_miss(make: Callable[[Original, CacheMissArguments], Original]) -> None:
+    """Shadow the dispatcher's cache-miss callback (an instance attribute) with
+    ``make(original, arguments)``, ``arguments`` reading each call's arguments by name."""
     d = dispatcher()
     original = getattr(d, SLOW_PATH_ATTR)
-    signature = inspect.signature(original)
-    missing = [name for name in _READ if name not in signature.parameters]
-    if missing:
-        raise RuntimeError(
-            f"DTensor's {SLOW_PATH_ATTR} takes {list(signature.parameters)}, without {missing}: this torch "
-            "release changed the cache-miss callback; install without the 'cache_miss_hook' patch"
-        )
-
-    def on_cache_miss(*args: Any, **kwargs: Any) -> Any:
-        return handle(CacheMissCall(signature.bind(*args, **kwargs)), original)
-
-    setattr(d, SLOW_PATH_ATTR, on_cache_miss)
+    setattr(d, SLOW_PATH_ATTR, make(original, CacheMissArguments(original)))
 
 
 def unwrap_cache_miss() -> None:

@@ -19,26 +19,32 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dtensor_rules._upstream import CacheMissCall, unwrap_cache_miss, wrap_cache_miss
+from dtensor_rules._upstream import CacheMissArguments, unwrap_cache_miss, wrap_cache_miss
 from dtensor_rules.dispatch.finishers import finish_on_miss, finishing
 from dtensor_rules.dispatch.index_masks import check_mask_shapes, is_mask, masks_to_indices
 from dtensor_rules.dispatch.miss_handlers import handler_for
 from dtensor_rules.dispatch.out_layout import OutLayoutError
 
 # the handler modules above register themselves on import; their public names stay reachable here
-__all__ = ["check_mask_shapes", "finish_on_miss", "finishing", "is_mask", "masks_to_indices", "on_cache_miss"]
+__all__ = ["check_mask_shapes", "finish_on_miss", "finishing", "is_mask", "hook", "masks_to_indices"]
 
 
-def on_cache_miss(call: CacheMissCall, original: Callable[..., Any]) -> Any:
-    """One sharding-cache miss: the op's handler, else DTensor's own callback."""
-    handler = handler_for(call.op_call)
-    try:
-        return call.run(original) if handler is None else handler(call, original)
-    except RuntimeError as err:
-        ours = _out_layout_error_in(err)
-        if ours is None or ours is err:
-            raise
-        raise OutLayoutError(*ours.args) from err
+def hook(original: Callable[..., Any], arguments: CacheMissArguments) -> Callable[..., Any]:
+    """DTensor's cache-miss callback ``original``, routed per op (see the module doc)."""
+
+    def on_cache_miss(*args: Any, **kwargs: Any) -> Any:
+        handler = handler_for(arguments.op_call(args, kwargs))
+        try:
+            if handler is None:
+                return original(*args, **kwargs)
+            return handler(arguments.bind(args, kwargs), original)
+        except RuntimeError as err:
+            ours = _out_layout_error_in(err)
+            if ours is None or ours is err:
+                raise
+            raise OutLayoutError(*ours.args) from err
+
+    return on_cache_miss
 
 
 def _out_layout_error_in(err: BaseException) -> OutLayoutError | None:
@@ -58,7 +64,7 @@ def _register() -> None:
 
     register(Patch(
         name="cache_miss_hook",
-        apply=lambda: wrap_cache_miss(on_cache_miss),
+        apply=lambda: wrap_cache_miss(hook),
         restore=unwrap_cache_miss,
         changes="DTensor._op_dispatcher._propagate_op_sharding_dispatch_slow_path (an instance attribute "
         "shadowing the method): the callback DTensor's C++ dispatch calls on a sharding-cache miss",

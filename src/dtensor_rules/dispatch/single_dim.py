@@ -93,7 +93,8 @@ class SingleDimStrategy(NamedTuple):
         solver = inputs is None and any(len(s.strategies) != 1 for s in strategies)
         rows: list[Row] | None = None
         if inputs is not None or solver:
-            rows = self.rows(op, op_schema.args_meta, op_schema.kwargs_meta)
+            rows = self.rule(op, op_schema.args_meta, op_schema.kwargs_meta)
+            self.check(op, rows, op_schema.args_meta, op_schema.kwargs_meta, n_out)
             if inputs is not None and all(p is not None for r in rows for p in r[n_out:]) \
                     and all(len(r) == n_out + len(inputs) for r in rows):
                 compact = compact_strategy(
