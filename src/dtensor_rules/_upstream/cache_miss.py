@@ -3,9 +3,10 @@
 DTensor's C++ dispatch calls ``OpDispatcher._propagate_op_sharding_dispatch_slow_path`` when a
 call misses its sharding cache; a non-``OutputSharding`` return is taken as the op's result.
 Its parameters (``op_call, args, kwargs, op_info, try_cache`` in torch 2.13 and 2.14) are read
-from the method's own signature when the wrapper is made, so a release that adds, drops or
-reorders one changes nothing here: :class:`CacheMissArguments` finds the ones we read by name,
-:class:`CacheMissCall` holds one call's, and every argument reaches the original as it came.
+from the method's own signature when the wrapper is made, so a release that adds or reorders
+parameters changes nothing here, and one that drops a parameter we read fails at install naming
+it: :class:`CacheMissArguments` finds the ones we read by name, :class:`CacheMissCall` holds one
+call's, and every argument reaches the original as it came.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ from typing import Any
 
 from dtensor_rules._upstream.registries import SLOW_PATH_ATTR, dispatcher
 
-__all__ = ["SLOW_PATH_ATTR", "CacheMissArguments", "CacheMissCall", "cache_miss_wrapped", "is_output_sharding", "unwrap_cache_miss", "wrap_cache_miss"]
+__all__ = [
+    "SLOW_PATH_ATTR",
+    "CacheMissArguments",
+    "CacheMissCall",
+    "cache_miss_wrapped",
+    "is_output_sharding",
+    "unwrap_cache_miss",
+    "wrap_cache_miss",
+]
 
 # the callback's parameters we read; a release without one of them fails at wrap time, by name
 _READ = ("op_call", "args", "kwargs", "op_info")
