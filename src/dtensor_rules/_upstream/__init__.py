@@ -14,6 +14,7 @@ Modules, each with one job:
 - :mod:`.strategy`: expand single-dim rows to a mesh (with a strategy filter), upstream's search
   over them, min-cost choice.
 - :mod:`.registries`: the propagator's registry dicts, custom handlers, cache clearing.
+- :mod:`.cache_miss`: DTensor's sharding-cache-miss callback, shadowed; its arguments read by name.
 - :mod:`.tensors`: a DTensor's local tensor and spec, local shapes/offsets/strides, simulated ranks.
 - :mod:`.collectives`: single-mesh-dim placement transitions and their cost estimate.
 - :mod:`.meta`: fake tensors and meta kernels (``_grouped_mm``'s output, ``prims.fma``).
@@ -57,7 +58,6 @@ from dtensor_rules._upstream.registries import (
     META_STEP_ATTR,
     SCHEMA_REGISTRIES,
     STRATEGY_REGISTRIES,
-    cache_miss_wrapped,
     clear_sharding_caches,
     custom_op_handlers,
     dispatch_propagated,
@@ -65,7 +65,6 @@ from dtensor_rules._upstream.registries import (
     dispatch_with_local_fix,
     input_targets,
     output_tensor_meta,
-    is_output_sharding,
     redistribute_args_to,
     wrap_result,
     dispatcher,
@@ -73,9 +72,15 @@ from dtensor_rules._upstream.registries import (
     propagate_schema,
     propagator,
     registry,
+    unwrap_to_op_info,
+)
+from dtensor_rules._upstream.cache_miss import (
+    CacheMissArguments,
+    CacheMissCall,
+    cache_miss_wrapped,
+    is_output_sharding,
     unwrap_cache_miss,
     wrap_cache_miss,
-    unwrap_to_op_info,
 )
 from dtensor_rules._upstream.tensors import (
     LocalTensor,

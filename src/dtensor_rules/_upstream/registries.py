@@ -14,7 +14,7 @@ SCHEMA_REGISTRIES = ("op_to_schema_info", "op_to_schema_info_for_single_dim_stra
 HANDLERS = "_custom_op_handlers"  # lives on DTensor._op_dispatcher, not on the propagator
 # the propagator's uncached output-metadata step (fake-tensor propagation), wrapped per instance
 META_STEP_ATTR = "_propagate_tensor_meta_non_cached"
-# what DTensor's C++ dispatch calls back on a sharding-cache miss; a non-OutputSharding return is the op's result
+# what DTensor's C++ dispatch calls back on a sharding-cache miss (shadowed by :mod:`.cache_miss`)
 SLOW_PATH_ATTR = "_propagate_op_sharding_dispatch_slow_path"
 
 
@@ -151,32 +151,6 @@ def redistribute_args_to(op_info: Any, targets: Any) -> None:
 def wrap_result(local: Any, spec: Any) -> Any:
     """A local result as the DTensor(s) ``spec`` describes (upstream's wrap)."""
     return dispatcher().wrap(local, spec)
-
-
-def wrap_cache_miss(make: Any) -> None:
-    """Shadow the dispatcher's cache-miss callback with ``make(original)`` (an instance attribute)."""
-    d = dispatcher()
-    setattr(d, SLOW_PATH_ATTR, make(getattr(d, SLOW_PATH_ATTR)))
-
-
-def unwrap_cache_miss() -> None:
-    """Undo :func:`wrap_cache_miss`: the class method shows through again."""
-    d = dispatcher()
-    if SLOW_PATH_ATTR in vars(d):
-        delattr(d, SLOW_PATH_ATTR)
-
-
-def cache_miss_wrapped() -> bool:
-    """Whether :func:`wrap_cache_miss` is in effect."""
-    return SLOW_PATH_ATTR in vars(dispatcher())
-
-
-def is_output_sharding(x: Any) -> bool:
-    """Whether a cache-miss callback's return is a sharding decision (DTensor caches and runs it)
-    rather than the op's result."""
-    from torch.distributed.tensor._op_schema import OutputSharding
-
-    return isinstance(x, OutputSharding)
 
 
 def dispatch_with_local_fix(op_call: Any, args: Any, kwargs: Any, fix_local: Any) -> Any:

@@ -14,7 +14,8 @@ one layer between DTensor and the rule) serves the rule so that:
   dim (:func:`dtensor_rules.dispatch.rows.full_expansion`, costs computed on first read);
 - one layout per input that is not plain (``_StridedShard``, ``_MaskPartial``, a non-default
   shard order) or no usable compact answer gets upstream's expansion of the same rule, exactly
-  what DTensor does with the rule registered as single-dim — so errors are upstream's.
+  what DTensor does with the rule registered as single-dim — so errors are upstream's, except
+  an ``out=`` layout no row writes (:mod:`~dtensor_rules.dispatch.out_layout`: a clear error).
 
 Both see the rule's rows only, so neither can choose a layout the rule does not list.
 Unknown (unbacked) sizes are never guarded on: the compact path treats them as not
@@ -32,6 +33,7 @@ from torch.distributed.tensor.placement_types import Replicate
 
 from dtensor_rules._upstream import OpSchema, OpStrategy, SingleDimStrategyInfo, expand_single_dim_rule
 from dtensor_rules.dispatch.greedy import Key, Row, compact_strategy, dispatch_inputs, fill, flat_inputs
+from dtensor_rules.dispatch.out_layout import check_out_layouts, out_layouts, unwritable_out_error
 from dtensor_rules.dispatch.rows import full_expansion
 from dtensor_rules.dispatch.runnable import out_layout_error, runnable_only
 
@@ -89,6 +91,7 @@ class SingleDimStrategy(NamedTuple):
         strategies = flat_inputs(op_schema)
         inputs = dispatch_inputs(strategies)
         solver = inputs is None and any(len(s.strategies) != 1 for s in strategies)
+        rows: list[Row] | None = None
         if inputs is not None or solver:
             rows = self.rule(op, op_schema.args_meta, op_schema.kwargs_meta)
             self.check(op, rows, op_schema.args_meta, op_schema.kwargs_meta, n_out)
@@ -109,12 +112,18 @@ class SingleDimStrategy(NamedTuple):
                 return full_expansion(op_schema, strategies, [replicate, *([fill(p) for p in r] for r in rows)], n_out,
                                       self.allow_uneven_sharding)
         # one layout each, not plain (or plain with no compact answer): upstream's own expansion
+        outs = out_layouts(op, op_schema)
+        if outs:  # an out= layout no row writes: the clear error, before expanding anything
+            rows = self.rows(op, op_schema.args_meta, op_schema.kwargs_meta) if rows is None else rows
+            check_out_layouts(op, outs, rows)
         info = SingleDimStrategyInfo(
             func=self.rows, allow_uneven_sharding=self.allow_uneven_sharding, allow_unbacked_sharding=False
         )
         mesh = strategies[0].strategies[0].output_spec.mesh
         expanded = expand_single_dim_rule(mesh, op_schema, info, None)(op, op_schema.args_meta, op_schema.kwargs_meta)
         if not expanded.strategies:  # only an out= / in-place tensor's fixed layout leaves nothing
+            if outs and rows is not None:
+                raise unwritable_out_error(op, outs, rows)
             raise RuntimeError(f"{op}: no valid sharding strategy for the input placements {op_schema}")
         if inputs is not None:  # plain inputs the greedy found no runnable move for: an out= / in-place layout
             current = [i.current for i in inputs]
