@@ -75,6 +75,10 @@ def pytest_collection_modifyitems(items: list) -> None:
 XDIST_GROUPS: dict[str, str] = {
     "tests/test_expert_parallel.py::": "expert_parallel_gloo",
     "tests/test_moe_training.py::test_gloo_training_equals_one_device": "training_gloo",
+    # one ep4 launch (a module fixture): the ep2 resume reads its checkpoints, the compiled runs its eager rows
+    "tests/test_torchtitan_trainer_ep.py::test_ours_resumes_from_torchtitans_checkpoint": "titan_trainer_ep4_checkpoints",
+    "tests/test_torchtitan_trainer_ep.py::test_checkpoints_resume_across": "titan_trainer_ep4_checkpoints",
+    "tests/test_torchtitan_trainer_ep.py::test_ours_compiled_equals": "titan_trainer_ep4_checkpoints",
 }
 
 
