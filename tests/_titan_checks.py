@@ -17,7 +17,8 @@ passed to fully_shard"; seen once for a second trainer too, after a first one th
 - ``ep2_from_ep4 EP4_DUMP``: ``ep4_resume``'s step-4 checkpoints resumed at EP 2 x efsdp 2 for steps
   5 and 6: torchtitan's EP from ours' checkpoint, ours from torchtitan's;
 - ``ep4_compile``: torchtitan's ``--compile`` (backend ``aot_eager``), its EP and ours, 3 steps each;
-  ``ep4_compile_inductor`` the same with inductor (needs a C++ compiler; minutes of compiling on CPU);
+  ``ep4_compile_inductor`` the same with inductor (needs a C++ compiler; minutes of compiling on CPU),
+  ``ep2tp2_compile`` with aot_eager at tp2 x ep2;
 - ``ep2``: EP over 2 ranks with expert FSDP over the other 2 (efsdp 2), 3 steps each;
 - ``ep2tp2``: tensor parallel 2 (the shared expert laid out by torchtitan) x EP 2, 3 steps each.
 """
@@ -73,17 +74,17 @@ def main(out: str, layout: str, ep4_dump: str = "") -> None:
                 "--checkpoint.load_only"]
         run("titan_from_ours", [*load, *_resume_from(f"{ep4_dump}/ours", 4)])
         run("ours_from_titan", [*load, *OURS, *_resume_from(f"{ep4_dump}/titan", 4)])
-    elif layout in ("ep4_compile", "ep4_compile_inductor"):
+    elif layout in ("ep4_compile", "ep4_compile_inductor", "ep2tp2_compile"):
         # torchtitan's --compile (each transformer block one fullgraph torch.compile); aot_eager (the
         # test's): runs without a C++ toolchain and keeps eager's kernels; inductor: torchtitan's default
         backend = "inductor" if layout == "ep4_compile_inductor" else "aot_eager"
-        mesh = [*EP4, "--dump_folder", f"{out}.dump", "--training.steps", "3", "--compile.enable",
-                "--compile.backend", backend]
+        mesh = [*(EP2TP2 if layout == "ep2tp2_compile" else EP4), "--dump_folder", f"{out}.dump",
+                "--training.steps", "3", "--compile.enable", "--compile.backend", backend]
         run("titan", mesh)
         run("ours", [*mesh, *OURS])
     else:
         raise ValueError(f"unknown layout {layout!r}: ep4, ep2, ep2tp2, ep4_resume, ep2_from_ep4, ep4_compile, "
-                         "ep4_compile_inductor")
+                         "ep4_compile_inductor, ep2tp2_compile")
     if dist.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(results, f)
