@@ -1,6 +1,6 @@
 """One torchrun launch of torchtitan's trainer on one mesh layout, several runs: torchtitan's EP and ours.
 
-``torchrun --nproc-per-node 4 -m tests._titan_checks OUT.json LAYOUT``: rank 0 writes, per run, the
+``torchrun --nproc-per-node 4 -m tests._titan_checks OUT.json LAYOUT [EP4_DUMP]``: rank 0 writes, per run, the
 logged (loss, grad norm) of every step; tests/test_torchtitan_trainer_ep.py asserts on them. One layout
 per launch: torchtitan's FSDP refuses a second mesh layout in the same process (its storage meshes are
 cached by the process's first layout).
@@ -12,8 +12,13 @@ passed to fully_shard"; seen once for a second trainer too, after a first one th
 
 - ``ep4``: torchtitan's EP and ours, 3 steps each, EP over all 4 ranks (efsdp 1), FSDP over 4 on the
   other parameters;
-- ``ep4_resume``: torchtitan's EP for 4 steps saving DCP checkpoints at steps 2 and 4, then ours loading
-  step 2 (``checkpoint.load_step``) and training steps 3 and 4;
+- ``ep4_resume``: torchtitan's EP for 6 steps saving DCP checkpoints at steps 2, 4 and 6, then ours
+  loading its step 2 and training steps 3 to 6, saving its own at steps 4 and 6;
+- ``ep2_from_ep4 EP4_DUMP``: ``ep4_resume``'s step-4 checkpoints resumed at EP 2 x efsdp 2 for steps
+  5 and 6: torchtitan's EP from ours' checkpoint, ours from torchtitan's;
+- ``ep4_compile``: torchtitan's ``--compile`` (backend ``aot_eager``), its EP and ours, 3 steps each;
+  ``ep4_compile_inductor`` the same with inductor (needs a C++ compiler; minutes of compiling on CPU),
+  ``ep2tp2_compile`` with aot_eager at tp2 x ep2;
 - ``ep2``: EP over 2 ranks with expert FSDP over the other 2 (efsdp 2), 3 steps each;
 - ``ep2tp2``: tensor parallel 2 (the shared expert laid out by torchtitan) x EP 2, 3 steps each.
 """
@@ -33,7 +38,13 @@ EP2 = ["--parallelism.expert_parallel_degree", "2"]
 EP2TP2 = [*EP2, "--parallelism.tensor_parallel_degree", "2"]
 
 
-def main(out: str, layout: str) -> None:
+def _resume_from(dump: str, step: int) -> list[str]:
+    """Start from another run's DCP checkpoint (full state, not the model only), as torchtitan resumes."""
+    return ["--checkpoint.initial_load_path", f"{dump}/checkpoint/step-{step}",
+            "--checkpoint.no-initial_load_model_only"]
+
+
+def main(out: str, layout: str, ep4_dump: str = "") -> None:
     from torchtitan.tools.logging import init_logger
 
     init_logger()
@@ -48,17 +59,36 @@ def main(out: str, layout: str) -> None:
         run("titan", [*mesh, *dump, "--training.steps", "3"])
         run("ours", [*mesh, *dump, *OURS, "--training.steps", "3"])
     elif layout == "ep4_resume":
-        # next to OUT (the test's temporary folder): every rank writes into the same checkpoint
-        ckpt = [*EP4, "--training.steps", "4", "--dump_folder", f"{out}.dump", "--checkpoint.enable",
-                "--checkpoint.interval", "2", "--checkpoint.no-last_save_model_only"]
-        run("titan", ckpt)
-        run("ours_resumed", [*ckpt, *OURS, "--checkpoint.load_step", "2"])
+        # each run writes its own checkpoints beside OUT (the test's temporary folder); ours starts
+        # from torchtitan's step-2 checkpoint as torchtitan resumes from another run's: the full
+        # state (model, optimizer, schedule, data position, step) through `initial_load_path`
+        save = [*EP4, "--training.steps", "6", "--checkpoint.enable", "--checkpoint.interval", "2",
+                "--checkpoint.no-last_save_model_only"]
+        run("titan", [*save, "--dump_folder", f"{out}.dump/titan"])
+        run("ours_resumed", [*save, *OURS, "--dump_folder", f"{out}.dump/ours",
+                             *_resume_from(f"{out}.dump/titan", 2)])
+    elif layout == "ep2_from_ep4":
+        # ``ep4_resume``'s step-4 checkpoints (its dump folder is argv[3]) resumed at EP 2 x efsdp 2,
+        # crossed: torchtitan's EP from the one ours saved, ours from the one torchtitan's saved
+        load = [*EP2, "--training.steps", "6", "--dump_folder", f"{out}.dump", "--checkpoint.enable",
+                "--checkpoint.load_only"]
+        run("titan_from_ours", [*load, *_resume_from(f"{ep4_dump}/ours", 4)])
+        run("ours_from_titan", [*load, *OURS, *_resume_from(f"{ep4_dump}/titan", 4)])
+    elif layout in ("ep4_compile", "ep4_compile_inductor", "ep2tp2_compile"):
+        # torchtitan's --compile (each transformer block one fullgraph torch.compile); aot_eager (the
+        # test's): runs without a C++ toolchain and keeps eager's kernels; inductor: torchtitan's default
+        backend = "inductor" if layout == "ep4_compile_inductor" else "aot_eager"
+        mesh = [*(EP2TP2 if layout == "ep2tp2_compile" else EP4), "--dump_folder", f"{out}.dump",
+                "--training.steps", "3", "--compile.enable", "--compile.backend", backend]
+        run("titan", mesh)
+        run("ours", [*mesh, *OURS])
     else:
-        raise ValueError(f"unknown layout {layout!r}: ep4, ep2, ep2tp2, ep4_resume")
+        raise ValueError(f"unknown layout {layout!r}: ep4, ep2, ep2tp2, ep4_resume, ep2_from_ep4, ep4_compile, "
+                         "ep4_compile_inductor, ep2tp2_compile")
     if dist.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(results, f)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])

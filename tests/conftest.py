@@ -27,7 +27,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 # a test is harmless, and tests/test_suite_order.py checks that each still names a test function.
 HEAVIEST: tuple[tuple[str, float], ...] = (
     ("tests/test_moe_compile.py::test_moe_block_compiles_once_for_every_token_regime", 165),
+    # one xdist_group with the two ep4-checkpoint tests below; 4 gloo ranks, 2 compiled trainers
+    ("tests/test_torchtitan_trainer_ep.py::test_ours_compiled_equals_torchtitans_ep_compiled_and_eager_at_ep4", 116),
     ("tests/test_docs_scripts.py::test_script_blocks_run[compile_moe.py]", 108),
+    ("tests/test_torchtitan_trainer_ep.py::test_ours_equals_torchtitans_ep_at_tp2_x_ep2", 77),
+    ("tests/test_torchtitan_trainer_ep.py::test_ours_resumes_from_torchtitans_checkpoint_and_equals_its_ep_at_ep4", 71),  # the group's ep4 launch
+    ("tests/test_torchtitan_trainer_ep.py::test_checkpoints_resume_across_a_change_of_ep_degree_both_ways", 70),
     ("tests/test_expert_parallel.py::", 60),  # one xdist_group: a shared 4-rank world + an 8-rank run
     ("tests/test_moe_training.py::test_gloo_training_equals_one_device", 45),  # one xdist_group
     ("tests/test_benchmark_smoke.py::test_moe_vs_torchtitan_quick_prints_the_table", 40),
@@ -75,6 +80,10 @@ def pytest_collection_modifyitems(items: list) -> None:
 XDIST_GROUPS: dict[str, str] = {
     "tests/test_expert_parallel.py::": "expert_parallel_gloo",
     "tests/test_moe_training.py::test_gloo_training_equals_one_device": "training_gloo",
+    # one ep4 launch (a module fixture): the ep2 resume reads its checkpoints, the compiled runs its eager rows
+    "tests/test_torchtitan_trainer_ep.py::test_ours_resumes_from_torchtitans_checkpoint_and_equals_its_ep_at_ep4": "titan_trainer_ep4_checkpoints",
+    "tests/test_torchtitan_trainer_ep.py::test_checkpoints_resume_across_a_change_of_ep_degree_both_ways": "titan_trainer_ep4_checkpoints",
+    "tests/test_torchtitan_trainer_ep.py::test_ours_compiled_equals_torchtitans_ep_compiled_and_eager_at_ep4": "titan_trainer_ep4_checkpoints",
 }
 
 

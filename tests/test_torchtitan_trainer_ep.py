@@ -6,13 +6,16 @@ in the same launch, same config (``deepseek_v3_debugmodel`` cut to 3 layers, CPU
 tests/_titan_trainer.py): losses and grad norms must be EQUAL, bit for bit, at every step, since the
 rows meet the same experts in the same order and torchtitan's combine sums them as under its EP.
 
-Two launches (one torchrun each; torchtitan takes at most two trainers per process, see
+Four launches (one torchrun each; torchtitan takes at most two trainers per process, see
 tests/_titan_checks.py):
 
 - ``ep2tp2``: tensor parallel 2 with the shared expert laid out by torchtitan x EP 2, FSDP on the
   other parameters, meta-device build and torchtitan's init: 3 steps from scratch each;
-- ``ep4_resume``: torchtitan's EP trains 4 steps saving DCP checkpoints; ours loads its step 2 and
-  trains steps 3 and 4, which equal torchtitan's.
+- ``ep4_resume``: torchtitan's EP trains 6 steps saving DCP checkpoints; ours loads its step 2 and
+  trains steps 3 to 6, which equal torchtitan's, saving its own checkpoints;
+- ``ep2_from_ep4``: those step-4 checkpoints resumed at EP 2 x expert FSDP 2, crossed (torchtitan's EP
+  from ours', ours from torchtitan's): steps 5 and 6 equal bit for bit;
+- ``ep4_compile``: torchtitan's ``--compile`` (backend ``aot_eager``), its EP and ours, 3 steps each.
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests._torchtitan import require_torchtitan
 
@@ -38,14 +44,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(tmp_path: Path, layout: str) -> dict[str, list[list[float]]]:
+def _launch(tmp_path: Path, layout: str, *extra: str) -> dict[str, list[list[float]]]:
     require_torchtitan("torchtitan.train")
     out = tmp_path / f"{layout}.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
            "--master-port", str(_free_port()),
-           "-m", "tests._titan_checks", str(out), layout]
+           "-m", "tests._titan_checks", str(out), layout, *extra]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
@@ -57,9 +63,71 @@ def test_ours_equals_torchtitans_ep_at_tp2_x_ep2(tmp_path: Path) -> None:
     assert runs["ours"] == runs["titan"]  # (step, loss, grad norm), bit for bit
 
 
-def test_ours_resumes_from_torchtitans_checkpoint_and_equals_its_ep_at_ep4(tmp_path: Path) -> None:
-    runs = _launch(tmp_path, "ep4_resume")
-    assert [s for s, _, _ in runs["titan"]] == [1, 2, 3, 4]
-    assert [s for s, _, _ in runs["ours_resumed"]] == [3, 4]
+@pytest.fixture(scope="module")
+def ep4_resume(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, list[list[float]]], Path]:
+    """The ``ep4_resume`` launch's rows and its dump folder (both runs' DCP checkpoints)."""
+    tmp = tmp_path_factory.mktemp("titan_ep4_resume")
+    return _launch(tmp, "ep4_resume"), tmp / "ep4_resume.json.dump"
+
+
+@pytest.mark.xdist_group("titan_trainer_ep4_checkpoints")
+def test_ours_resumes_from_torchtitans_checkpoint_and_equals_its_ep_at_ep4(ep4_resume) -> None:
+    runs, _ = ep4_resume
+    assert [s for s, _, _ in runs["titan"]] == [1, 2, 3, 4, 5, 6]
+    assert [s for s, _, _ in runs["ours_resumed"]] == [3, 4, 5, 6]
     assert runs["ours_resumed"] == runs["titan"][2:]
     assert runs["titan"][2] != runs["titan"][1]  # steps differ: a resume at the wrong step could not pass
+
+
+def _flat(state: object, prefix: str = "") -> Iterator[tuple[str, object]]:
+    if isinstance(state, dict):
+        for k, v in state.items():
+            yield from _flat(v, f"{prefix}/{k}")
+    elif isinstance(state, (list, tuple)):
+        for i, v in enumerate(state):
+            yield from _flat(v, f"{prefix}[{i}]")
+    else:
+        yield prefix, state
+
+
+def _checkpoint(folder: Path, out: Path) -> dict[str, object]:
+    """Every entry of a DCP checkpoint (model, optimizer, schedule, data position, step), unsharded."""
+    dcp_to_torch_save(folder, out)
+    return dict(_flat(torch.load(out, weights_only=False)))
+
+
+def _same(a: object, b: object) -> bool:
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+
+@pytest.mark.xdist_group("titan_trainer_ep4_checkpoints")
+def test_checkpoints_resume_across_a_change_of_ep_degree_both_ways(ep4_resume, tmp_path: Path) -> None:
+    """ep4 -> ep2 x efsdp 2: torchtitan's EP resumes from the checkpoint ours saved, ours from the one
+    torchtitan's saved; the two checkpoints are equal entry for entry, so the two resumed runs start
+    from the same state and must train steps 5 and 6 bit for bit alike."""
+    runs4, dump = ep4_resume
+    titan_ckpt = _checkpoint(dump / "titan" / "checkpoint" / "step-4", tmp_path / "titan.pt")
+    ours_ckpt = _checkpoint(dump / "ours" / "checkpoint" / "step-4", tmp_path / "ours.pt")
+    assert titan_ckpt.keys() == ours_ckpt.keys()
+    assert any(k.startswith("/optimizer") for k in titan_ckpt) and titan_ckpt["/train_state/step"] == 4
+    assert [k for k in titan_ckpt if not _same(titan_ckpt[k], ours_ckpt[k])] == []
+
+    runs2 = _launch(tmp_path, "ep2_from_ep4", str(dump))
+    assert [s for s, _, _ in runs2["titan_from_ours"]] == [5, 6]
+    assert runs2["ours_from_titan"] == runs2["titan_from_ours"]  # (step, loss, grad norm), bit for bit
+    # torchtitan's own EP at ep2 after the resume vs its uninterrupted ep4 run: another reduction
+    # order for the expert gradients (efsdp), so equal within the spread of its own EP degrees (and
+    # far from the neighbouring steps' values: a resume at the wrong step could not pass)
+    for (_, loss2, norm2), (_, loss4, norm4) in zip(runs2["titan_from_ours"], runs4["titan"][4:], strict=True):
+        assert loss2 == pytest.approx(loss4, rel=1e-4) and norm2 == pytest.approx(norm4, rel=1e-4)
+
+
+@pytest.mark.xdist_group("titan_trainer_ep4_checkpoints")
+def test_ours_compiled_equals_torchtitans_ep_compiled_and_eager_at_ep4(ep4_resume, tmp_path: Path) -> None:
+    """torchtitan's ``--compile`` (each transformer block one fullgraph compile, backend aot_eager) at ep4:
+    our moves are two opaque custom ops in its graphs, and the losses and grad norms equal its EP's,
+    compiled and eager (aot_eager runs eager's kernels in eager's order)."""
+    runs = _launch(tmp_path, "ep4_compile")
+    assert [s for s, _, _ in runs["titan"]] == [1, 2, 3]
+    assert runs["ours"] == runs["titan"]  # (step, loss, grad norm), bit for bit
+    assert runs["titan"] == ep4_resume[0]["titan"][:3]
