@@ -49,7 +49,7 @@ from dtensor_rules._upstream import per_rank_copies
 from dtensor_rules.core.solver_rows import full_enumeration
 from dtensor_rules.models.moe import MoE, MoEConfig
 from dtensor_rules.models.routed_op import routed_experts_as_op
-from dtensor_rules.ops.routed_experts import expert_parallel_rows
+from dtensor_rules.op_rules.routed_experts import expert_parallel_rows
 from dtensor_rules.solver import apply_choice, choose_placements, trace_joint
 from dtensor_rules.solver.apply import expert_parallel_dim
 from dtensor_rules.solver.ep_row import expert_row, place_expert_row

@@ -27,8 +27,8 @@ from dtensor_rules._upstream import (
 )
 from dtensor_rules.dispatch.greedy import key, transition_weight
 from dtensor_rules.dispatch.single_dim import aliased_inputs
-from dtensor_rules.ops.fma import fma, fma_strategy
-from dtensor_rules.ops.softmax import SOFTMAX_BACKWARD
+from dtensor_rules.op_rules.fma import fma, fma_strategy
+from dtensor_rules.op_rules.softmax import SOFTMAX_BACKWARD
 from dtensor_rules.registry import get_rule
 from dtensor_rules.testing import fake_world, simulated_mesh
 from dtensor_rules.testing.dispatch import full_value, to_dtensor

@@ -21,9 +21,9 @@ from dtensor_rules.registry import Rule, RuleError
 from dtensor_rules.testing.suites import find_op, samples_for
 
 # defines prims.fma (dtensor_rules does not import inductor): its rule registers then, so it is shipped too
-from dtensor_rules.ops.fma import fma as FMA  # noqa: E402
+from dtensor_rules.op_rules.fma import fma as FMA  # noqa: E402
 
-SHIPPED = sorted((r for r in registry.rules().values() if r.module.startswith("dtensor_rules.ops.")), key=lambda r: str(r.op))
+SHIPPED = sorted((r for r in registry.rules().values() if r.module.startswith("dtensor_rules.op_rules.")), key=lambda r: str(r.op))
 WITH_SAMPLES = [r for r in SHIPPED if r.samples is not None]
 MOE = torch.ops.dtensor_rules.moe_permute_indices.default
 

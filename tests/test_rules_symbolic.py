@@ -18,9 +18,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 import dtensor_rules  # noqa: F401
-from dtensor_rules.ops.fma import fma
-from dtensor_rules.ops.grouped_mm import GROUPED_MM
-from dtensor_rules.ops.softmax import SOFTMAX_BACKWARD
+from dtensor_rules.op_rules.fma import fma
+from dtensor_rules.op_rules.grouped_mm import GROUPED_MM
+from dtensor_rules.op_rules.softmax import SOFTMAX_BACKWARD
 from dtensor_rules.testing import fake_world
 
 pytestmark = pytest.mark.slow  # see pyproject.toml

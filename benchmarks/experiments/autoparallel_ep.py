@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     import dtensor_rules
     from dtensor_rules.models.moe import MoE, MoEConfig
     from dtensor_rules.models.routed_op import routed_experts_as_op
-    from dtensor_rules.ops.routed_experts import EXPERT_ARGS
+    from dtensor_rules.op_rules.routed_experts import EXPERT_ARGS
 
     shape = tuple(int(s) for s in args.mesh.split("x"))
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=math.prod(shape))
@@ -190,7 +190,7 @@ def _install_probe(reached: list[str], ep_forward: bool = False) -> None:
     from torch.utils._pytree import tree_map_only
 
     from autoparallel.apply_sharding import ApplyShardingInterpreter
-    from dtensor_rules.ops.routed_experts import ROUTED_EXPERTS, ROUTED_EXPERTS_BACKWARD
+    from dtensor_rules.op_rules.routed_experts import ROUTED_EXPERTS, ROUTED_EXPERTS_BACKWARD
 
     handlers = DTensor._op_dispatcher._custom_op_handlers
     plain = Interpreter.call_function

@@ -2,7 +2,7 @@
 
 A :class:`Rule` is one op's whole contract, as validated data: its strategy function, its cost
 formula, its sample suite and its doc. :func:`register` collects rules (it imports no op
-module: ``import dtensor_rules`` loads :mod:`dtensor_rules.ops`, whose modules register
+module: ``import dtensor_rules`` loads :mod:`dtensor_rules.op_rules`, whose modules register
 themselves); :func:`install` patches DTensor's
 ``ShardingPropagator`` with them and :func:`uninstall` puts every touched registry
 entry back exactly as it was (same keys, same function objects). Every other global change
@@ -153,8 +153,8 @@ def _check_fields(values: dict[str, Any]) -> None:
 
 
 _CALLABLE_FIELDS = {
-    "cost": " (cost(op, args, kwargs) -> OpCost, e.g. from dtensor_rules.costs.formulas)",
-    "samples": " (samples() -> [(args, kwargs), ...], e.g. dtensor_rules.core.suite_ref.suite(family, name))",
+    "cost": " (cost(op, args, kwargs) -> OpCost, e.g. dtensor_rules.op_rules.scan.cumsum_cost)",
+    "samples": " (samples() -> [(args, kwargs), ...], e.g. dtensor_rules.op_rules.scan.cumsum_samples)",
     "flops": " (flops(*args, **kwargs) -> int)",
     "bytes": " (bytes(*args, **kwargs) -> int or (read, written))",
     "handler": "",
@@ -331,7 +331,7 @@ def unregister(op: Any) -> None:
 def rules() -> dict[OpOverload, Rule]:
     """A snapshot mapping op -> Rule of everything registered so far.
 
-    ``import dtensor_rules`` has registered the shipped rules (it imports :mod:`dtensor_rules.ops`);
+    ``import dtensor_rules`` has registered the shipped rules (it imports :mod:`dtensor_rules.op_rules`);
     the registry itself never imports op modules.
     """
     with _lock:

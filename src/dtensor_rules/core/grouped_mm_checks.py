@@ -1,7 +1,7 @@
 """What the ``_grouped_mm`` kernels accept, as plain predicates shared by the rule, its
 DTensor handler, its meta fallback and its cost formula.
 
-It lives outside ``dtensor_rules.ops`` because the cost formula (``costs.formulas.matmul``) uses
+It lives outside ``dtensor_rules.op_rules`` because the cost formula (``costs.formulas.matmul``) uses
 it and costs must not import the op modules (``tests/test_import_graph.py``).
 
 Every predicate is safe on symbolic sizes: a condition that cannot be decided without guarding

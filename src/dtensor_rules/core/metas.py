@@ -1,6 +1,6 @@
 """The ``TensorMeta`` leaves of a single-dim rule's arguments, in order.
 
-Shared by the rules (``dtensor_rules.ops``) and the registry's check of their output; it lives
+Shared by the rules (``dtensor_rules.op_rules``) and the registry's check of their output; it lives
 outside ``ops`` because the registry must not import the op modules.
 """
 

@@ -57,7 +57,7 @@ class Input(NamedTuple):
 
 class ExactIntegerPartial:
     """Whether Replicate -> Partial(sum) is exact for integer tensors right now (the
-    ``exact_int_partition`` patch of :mod:`dtensor_rules.ops._partial` switches it); upstream's
+    ``exact_int_partition`` patch of :mod:`dtensor_rules.op_rules._partial` switches it); upstream's
     own partition divides by the mesh size and returns floats."""
 
     active = False

@@ -71,6 +71,6 @@ def moe_permute_indices(
     rows with ``permuted_indices >= 0`` and scatter them back to ``permuted_indices``. No device-to-host sync on any device. Raises ``ValueError``
     for bad arguments; negative counts or blocks that overflow ``max_len`` raise on CPU
     and trip a device assert on CUDA. Under DTensor the input must be (and is made)
-    Replicate; outputs are Replicate (see ``src/dtensor_rules/ops/moe_index.py``).
+    Replicate; outputs are Replicate (see ``src/dtensor_rules/op_rules/moe_index.py``).
     """
     return moe_permute_indices_op(tokens_per_expert_group, experts_per_rank, num_ranks, max_len, alignment)

@@ -25,7 +25,7 @@ Under ``LocalTensorMode`` (a simulated mesh) each op runs once on the simulated 
 LocalTensors, its all-to-all simulated across them, never once per rank. Under ``CommDebugMode``
 the all-to-all inside is counted like funcol's (``c10d_functional.all_to_all_single``), registered once
 ``torch.distributed.tensor.debug`` is loaded (:func:`count_under_comm_debug_mode`).
-The DTensor rule is in ``dtensor_rules/ops/ep_all_to_all.py``.
+The DTensor rule is in ``dtensor_rules/op_rules/ep_all_to_all.py``.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Why an op: a solver that enumerates DTensor strategies per op of a traced joint 
 package's ``solver``, AutoParallel) only chooses among the rows one node's rule offers. Traced
 as aten ops (sort, gather, ``_grouped_mm`` with offsets, scatter) no single node can say
 "experts ``Shard(0)``, tokens sent to their owners"; as one op its rule can
-(``dtensor_rules/ops/routed_experts.py``), and a solver picks expert parallelism like any other row.
+(``dtensor_rules/op_rules/routed_experts.py``), and a solver picks expert parallelism like any other row.
 
 What the kernel computes: every expert of ``w1`` on this call's tokens, on plain tensors. That is
 the op's meaning on one device and under every layout whose rows run the op on each rank's

@@ -12,7 +12,7 @@ token dispatch       ``max(sent, received) * D * b`` bytes       rows to / from 
 token combine        same as the dispatch                        the transposed all-to-all
 local experts        ``6 * rows * D * H_l`` flops                three grouped matmuls over the
                                                                  ``rows = offs[-1]`` padded rows
-moe_permute_indices  0 flops; see ``src/dtensor_rules/ops/moe_index``  integer prefix sums only
+moe_permute_indices  0 flops; see ``src/dtensor_rules/op_rules/moe_index``  integer prefix sums only
 ===================  ==========================================  ==============================
 
 Backward: the two token all-to-alls again with the same sizes (transposed), and twice

@@ -116,7 +116,7 @@ class Pricer:
         ``T_l * k`` assignment rows (expected-uniform routing: it receives as many) at dispatch (token
         dtype) and combine (expert dtype); the forward also exchanges the per-expert counts and syncs
         once with the host (``sync_us``); the backward moves the gradients along the same routes."""
-        from dtensor_rules.ops.routed_experts import EXPERT_ARGS, ROUTED_EXPERTS
+        from dtensor_rules.op_rules.routed_experts import EXPERT_ARGS, ROUTED_EXPERTS
 
         w = EXPERT_ARGS.get(node.target)
         if w is None:

@@ -19,7 +19,7 @@ helion_{cossin,complex}_rope_{fwd,bwd}  torchtitan.overrides.helion_rope       r
 
 deterministic_scatter_add(out, index, src) = ``out.scatter_add(0, index, src)`` with
 deterministic algorithms on: exactly aten.scatter_add with ``dim=0``, so it takes that rule's
-rows (``[result, out, index, src]``, docstring of :mod:`dtensor_rules.ops.gather_scatter`):
+rows (``[result, out, index, src]``, docstring of :mod:`dtensor_rules.op_rules.gather_scatter`):
 
 =======================  =====================  ==========================================================
 result                   out, index, src        why it is valid
@@ -125,6 +125,10 @@ Registration: a post-import hook (:func:`dtensor_rules.core.post_import.when_imp
 defining module, the named patch ``torchtitan_rules`` (docs/patches.md). Before torchtitan is
 imported, ``status().deferred`` lists the ten rules as waiting, like ``prims.fma``; importing
 the module registers the rule (and installs it if the package's rules are installed).
+
+Samples: uneven row counts, duplicate indices, bf16, offsets that stop before the last row (rows
+past ``offsets[-1]`` are unwritten by the CUDA kernel; the CPU reference kernel of
+tests/test_torchtitan_ops.py zeroes them).
 """
 
 from __future__ import annotations
@@ -139,12 +143,10 @@ from torch._ops import OpOverload
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
 from dtensor_rules.core.post_import import when_imported
-from dtensor_rules.core.suite_ref import suite
-from dtensor_rules.costs.formulas.indexing import scatter_cost
 from dtensor_rules.costs.op_cost import OpCost
-from dtensor_rules.ops._common import PlacementOrHole, metas
-from dtensor_rules.ops._partial import partial_ops
-from dtensor_rules.ops.gather_scatter import scatter_add_strategy
+from dtensor_rules.op_rules._common import generator, metas, PlacementOrHole, Samples
+from dtensor_rules.op_rules._partial import partial_ops
+from dtensor_rules.op_rules.gather_scatter import scatter_add_strategy
 from dtensor_rules.patches import guarded
 
 __all__ = ["TORCHTITAN_OPS", "deterministic_scatter_add_strategy", "silu_and_mul_strategy",
@@ -157,6 +159,99 @@ SCATTER_ADD = "torchtitan.ops.scatter_add"
 FUSED_SWIGLU = "torchtitan.overrides.fused_swiglu"
 FUSED_MLA = "torchtitan.overrides.fused_mla"
 HELION_ROPE = "torchtitan.overrides.helion_rope"  # defines its ops only where helion imports
+
+
+# --------------------------------------------------------------------------- sample suites
+
+def _r(g: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+def deterministic_scatter_add_samples() -> Samples:
+    """The MoE combine: (T, D) zeros, (N, D) token ids expanded over D, (N, D) weighted expert rows."""
+    g = generator(60)
+    out = []
+    for T, N, D, dtype in ((5, 10, 6, torch.float32), (7, 9, 4, torch.bfloat16), (3, 5, 3, torch.float32)):
+        ids = torch.randint(0, T, (N, 1), generator=g).expand(N, D).contiguous()
+        out.append(((_r(g, T, D, dtype=dtype), ids, _r(g, N, D, dtype=dtype)), {}))
+    return out
+
+
+def silu_and_mul_samples() -> Samples:
+    g = generator(61)
+    return [
+        ((_r(g, 5, 6), _r(g, 5, 6)), {}),
+        # a small gate: the validator's P(max) pieces sit (2 span + 1) below it, and silu of a large
+        # negative number is ~0, which would let a wrong (P(max) gate -> P(sum)) claim pass in bf16
+        ((_r(g, 7, 4, dtype=torch.bfloat16) * 0.2, _r(g, 7, 4, dtype=torch.bfloat16)), {}),
+        ((_r(g, 6, 5), _r(g, 6, 5), torch.tensor([2, 4], dtype=torch.int32)), {}),  # rows 4, 5 not computed
+    ]
+
+
+def silu_and_mul_backward_samples() -> Samples:
+    g = generator(62)
+    return [
+        ((_r(g, 5, 6), _r(g, 5, 6), _r(g, 5, 6)), {}),
+        ((_r(g, 7, 4, dtype=torch.bfloat16), _r(g, 7, 4, dtype=torch.bfloat16) * 0.2, _r(g, 7, 4, dtype=torch.bfloat16)), {}),
+        ((_r(g, 6, 5), _r(g, 6, 5), _r(g, 6, 5), torch.tensor([3, 5], dtype=torch.int32)), {}),
+    ]
+
+
+def _rope_inputs(g: torch.Generator, B: int, L: int, rope: int, max_pos: int = 9) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (max_pos, rope/2, 2) cos/sin cache of real angles and (B, L) positions into it."""
+    angles = torch.rand(max_pos, rope // 2, generator=g) * 6.3
+    cache = torch.stack([angles.cos(), angles.sin()], dim=-1)
+    return cache, torch.randint(0, max_pos, (B, L), generator=g)
+
+
+def fused_mla_k_rope_samples() -> Samples:
+    g = generator(63)
+    out = []
+    for B, L, H, nope, V, rope, dtype in ((3, 5, 4, 4, 6, 4, torch.float32), (2, 3, 3, 2, 2, 6, torch.bfloat16)):
+        cache, pos = _rope_inputs(g, B, L, rope)
+        out.append(((_r(g, B, L, H, nope + V, dtype=dtype), _r(g, B, L, rope, dtype=dtype), cache, pos, nope), {}))
+    return out
+
+
+def fused_mla_kv_backward_samples() -> Samples:
+    g = generator(64)
+    out = []
+    for B, L, H, nope, V, rope, dtype in ((3, 5, 4, 4, 6, 4, torch.float32), (2, 3, 3, 2, 2, 6, torch.bfloat16)):
+        cache, pos = _rope_inputs(g, B, L, rope)
+        out.append(((_r(g, B, L, H, nope + rope, dtype=dtype), _r(g, B, L, H, V, dtype=dtype), cache, pos, nope, rope), {}))
+    return out
+
+
+def fused_mla_q_rope_samples() -> Samples:
+    """q (B, L, H, nope + rope), rotated forward (fp32) and back (bf16, the backward's use)."""
+    g = generator(65)
+    out = []
+    for B, L, H, nope, rope, dtype, inverse in ((3, 5, 4, 4, 4, torch.float32, False),
+                                                (2, 3, 3, 2, 6, torch.bfloat16, True)):
+        cache, pos = _rope_inputs(g, B, L, rope)
+        out.append(((_r(g, B, L, H, nope + rope, dtype=dtype), cache, pos, nope, inverse), {}))
+    return out
+
+
+def _helion_samples(seed: int, cache_of: Callable[[torch.Tensor], torch.Tensor]) -> Samples:
+    """(xq, xk, cache, positions): more q heads than k heads (GQA), fp32 and bf16, odd sizes."""
+    g = generator(seed)
+    out = []
+    for B, L, H, Hk, D, dtype in ((3, 5, 4, 2, 8, torch.float32), (2, 3, 3, 1, 4, torch.bfloat16)):
+        angles = torch.rand(9, D // 2, generator=g) * 6.3
+        pos = torch.randint(0, 9, (B, L), generator=g)
+        out.append(((_r(g, B, L, H, D, dtype=dtype), _r(g, B, L, Hk, D, dtype=dtype), cache_of(angles), pos), {}))
+    return out
+
+
+def helion_cossin_rope_samples() -> Samples:
+    """The cossin cache: (M, 2D), cos then sin, each half repeated (rotate-half's layout)."""
+    return _helion_samples(66, lambda a: torch.cat([a.cos(), a.cos(), a.sin(), a.sin()], dim=-1))
+
+
+def helion_complex_rope_samples() -> Samples:
+    """The complex cache: view_as_real of (M, D/2) unit complex numbers, (M, D/2, 2)."""
+    return _helion_samples(67, lambda a: torch.stack([a.cos(), a.sin()], dim=-1))
 
 
 def deterministic_scatter_add_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
@@ -315,7 +410,7 @@ def fused_mla_kv_backward_cost(op: OpOverload, args: tuple, kwargs: dict) -> OpC
 class _Spec:
     """One torchtitan op: its name, the module whose import defines it, and its whole contract."""
 
-    def __init__(self, name: str, module: str, strategy: Callable, cost: Callable, samples: str) -> None:
+    def __init__(self, name: str, module: str, strategy: Callable, cost: Callable, samples: Callable[[], Samples]) -> None:
         self.name, self.module, self.strategy, self.cost, self.samples = name, module, strategy, cost, samples
 
     def op(self) -> OpOverload:
@@ -331,7 +426,7 @@ class _Spec:
 
         op = self.op()
         if op not in registry.rules():
-            registry.register(op, cost=self.cost, samples=suite("torchtitan", self.samples))(self.strategy)
+            registry.register(op, cost=self.cost, samples=self.samples)(self.strategy)
         return op
 
     def define(self) -> OpOverload:
@@ -345,17 +440,18 @@ class _Spec:
 
 TORCHTITAN_OPS = (
     _Spec("deterministic_scatter_add", SCATTER_ADD, deterministic_scatter_add_strategy, deterministic_scatter_add_cost,
-          "deterministic_scatter_add_samples"),
-    _Spec("silu_and_mul", FUSED_SWIGLU, silu_and_mul_strategy, silu_and_mul_cost, "silu_and_mul_samples"),
+          deterministic_scatter_add_samples),
+    _Spec("silu_and_mul", FUSED_SWIGLU, silu_and_mul_strategy, silu_and_mul_cost, silu_and_mul_samples),
     _Spec("silu_and_mul_backward", FUSED_SWIGLU, silu_and_mul_backward_strategy, silu_and_mul_backward_cost,
-          "silu_and_mul_backward_samples"),
-    _Spec("fused_mla_k_rope", FUSED_MLA, fused_mla_k_rope_strategy, fused_mla_k_rope_cost, "fused_mla_k_rope_samples"),
+          silu_and_mul_backward_samples),
+    _Spec("fused_mla_k_rope", FUSED_MLA, fused_mla_k_rope_strategy, fused_mla_k_rope_cost, fused_mla_k_rope_samples),
     _Spec("fused_mla_q_rope_", FUSED_MLA, fused_mla_q_rope_strategy, fused_mla_q_rope_cost,
-          "fused_mla_q_rope_samples"),
+          fused_mla_q_rope_samples),
     _Spec("fused_mla_kv_backward", FUSED_MLA, fused_mla_kv_backward_strategy, fused_mla_kv_backward_cost,
-          "fused_mla_kv_backward_samples"),
-    *(_Spec(f"helion_{kind}_rope_{d}", HELION_ROPE, helion_rope_strategy, helion_rope_cost, f"helion_{kind}_rope_samples")
-      for kind in ("cossin", "complex") for d in ("fwd", "bwd")),
+          fused_mla_kv_backward_samples),
+    *(_Spec(f"helion_{kind}_rope_{d}", HELION_ROPE, helion_rope_strategy, helion_rope_cost, samples)
+      for kind, samples in (("cossin", helion_cossin_rope_samples), ("complex", helion_complex_rope_samples))
+      for d in ("fwd", "bwd")),
 )
 
 

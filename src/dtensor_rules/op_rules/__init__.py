@@ -2,7 +2,7 @@
 ``_symbolic_tracing``'s patch, which compiled code needs whichever rule is active,
 and ``_hinted_costs``'s, which speeds up compiling whichever rule is active)."""
 
-from dtensor_rules.ops import (  # noqa: F401
+from dtensor_rules.op_rules import (  # noqa: F401
     _hinted_costs,
     _symbolic_tracing,
     counting,

@@ -29,7 +29,7 @@ import functools
 
 import torch
 
-from dtensor_rules.ops._partial import ALL_REDUCE_OPS, monotone_cast, partial_ops, partial_survives_cast
+from dtensor_rules.op_rules._partial import ALL_REDUCE_OPS, monotone_cast, partial_ops, partial_survives_cast
 
 __all__ = ["cast_partial_ops", "monotone_cast"]
 

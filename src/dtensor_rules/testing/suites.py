@@ -1,27 +1,19 @@
-"""Fixed sample suites: the inputs `validate` and `benchmarks/rule_coverage.py` check rules on.
+"""The fixed sample suites `validate` and `benchmarks/rule_coverage.py` check rules on, looked up by op.
 
-Each family module defines plain functions returning a list of ``(args, kwargs)``; tensors are
-built from a fixed seed so every run sees the same data. A suite belongs to an op through the
-op's rule (``register(op, samples=...)`` in :mod:`dtensor_rules.ops`): these modules keep no
-registry and import no op module. The lookups below read the rules.
+A suite is a plain function beside its rule in :mod:`dtensor_rules.op_rules` (``register(op,
+samples=...)``) returning a list of ``(args, kwargs)`` built from a fixed seed, so every run sees
+the same data. Defining one builds no tensor, so the rules carry them at no import cost. The
+lookups below read the registered rules.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-import torch
 from torch._ops import OpOverload
 
 from dtensor_rules import registry
-
-Samples = list[tuple[tuple[Any, ...], dict[str, Any]]]
-
-
-def generator(seed: int) -> torch.Generator:
-    """A seeded generator: every run of a suite sees the same data."""
-    return torch.Generator().manual_seed(seed)
+from dtensor_rules.op_rules._common import Samples
 
 
 def suites() -> dict[OpOverload, Callable[[], Samples]]:

@@ -51,6 +51,21 @@ R                      R, R             implied
   dispatch handler (``dispatch/custom_handler.py``) that picks the cheapest strategy of THIS rule,
   redistributes to it and runs bincount locally; it is sound because no strategy shards the
   output (self is replicated, so every rank's result has the same, global, length).
+
+Cost:
+
+- ``histc(self, bins, min, max)`` (family ``histogram``: binning arithmetic per element): 5 ops per
+  element (2 range compares, subtract and scale to a bin, 1 count increment); when ``min == max``
+  the range is first found from the data (2 more compares per element and a second read of the
+  input). Writes ``bins`` elements.
+- ``bincount(self, weights, minlength)`` (family ``scatter``: ``counts[x[i]] += 1`` is an indexed
+  read-modify-write, the access pattern of scatter_add): 2 ops per element (max scan,
+  increment/add); reads the input twice (max pass, count pass) and the weights once; writes
+  ``max(max(self) + 1, minlength)`` counts of int64 (no weights), float32 (float32 weights) or
+  float64 (other weights). The length needs the data: on fake/meta inputs it is assumed to be
+  ``max(minlength, 1)`` (``exact=False``).
+
+Samples: tokens per expert, fixed and data-derived ranges.
 """
 
 from __future__ import annotations
@@ -58,23 +73,81 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from dtensor_rules._upstream import ShardingPlaceholder
+from torch._ops import OpOverload
 from torch.distributed.tensor.placement_types import Partial, Replicate
-
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from dtensor_rules.core.suite_ref import suite
-from dtensor_rules.costs.formulas.counting import bincount_cost, histc_cost
-from dtensor_rules.ops._common import PlacementOrHole, sym_numel
-from dtensor_rules.ops._gaps import ALIASED_UNPRICED
+from dtensor_rules._upstream import ShardingPlaceholder
+from dtensor_rules.costs._util import is_concrete, nbytes, numel
+from dtensor_rules.costs.formulas import formula
+from dtensor_rules.costs.op_cost import OpCost
 from dtensor_rules.dispatch.custom_handler import rule_dispatch
-from dtensor_rules.ops._schema_args import row, schema_arg
-from dtensor_rules.ops.scan import linear_partials
+from dtensor_rules.op_rules._common import generator, PlacementOrHole, Samples, sym_numel
+from dtensor_rules.op_rules._gaps import ALIASED_UNPRICED
+from dtensor_rules.op_rules._schema_args import row, schema_arg
+from dtensor_rules.op_rules.scan import linear_partials
 from dtensor_rules.registry import register
 
 aten = torch.ops.aten
 HISTC = [aten.histc.default, aten.histc.out]
 BINCOUNT = [aten.bincount.default, aten.bincount.out]
+
+
+# --------------------------------------------------------------------------- cost formula
+
+@formula(family="histogram")
+def histc_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
+    self, bins = b["self"], int(b["bins"])
+    n = numel(self)
+    find_range = float(b["min"]) == float(b["max"])
+    flops = n * (5 + (2 if find_range else 0))
+    read = nbytes(self) * (2 if find_range else 1)
+    return OpCost(flops, read, bins * self.dtype.itemsize, dtype=self.dtype)
+
+
+@formula(family="scatter")
+def bincount_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
+    self, weights, minlength = b["self"], b["weights"], int(b["minlength"])
+    n = numel(self)
+    if weights is None:
+        out_dtype = torch.int64
+    else:
+        out_dtype = torch.float32 if weights.dtype == torch.float32 else torch.float64
+    exact = True
+    if is_concrete(self):
+        length = max(int(self.max()) + 1 if n else 0, minlength)
+    else:
+        length, exact = max(minlength, 1), False
+    read = 2 * nbytes(self) + (nbytes(weights) if weights is not None else 0)
+    note = "" if exact else "bincount length unknown (fake/meta): max(minlength, 1) assumed"
+    return OpCost(2 * n, read, length * out_dtype.itemsize, dtype=out_dtype, exact=exact, note=note)
+
+
+# --------------------------------------------------------------------------- sample suites
+
+def histc_samples() -> Samples:
+    g = generator(20)
+    expert_ids = torch.randint(0, 8, (7, 2), generator=g).float()  # top-2 expert ids per token
+    return [
+        ((expert_ids, 8, 0, 7), {}),  # MoE tokens-per-expert
+        ((torch.randn(5, 4, generator=g), 6, -1.5, 1.5), {}),  # values outside the range too
+        ((torch.randn(3, 5, generator=g).to(torch.bfloat16), 4, -1, 1), {}),
+        ((torch.randn(6, generator=g), 5, 2, 2), {}),  # min == max != 0: data range, upstream wrong
+        ((torch.randn(4, 3, generator=g), 5), {}),  # defaults: data range
+        ((torch.randn(5, 3, generator=g),), {"bins": 3, "min": -1, "max": 1}),  # by keyword
+    ]
+
+
+def bincount_samples() -> Samples:
+    g = generator(21)
+    ids = torch.randint(0, 6, (9,), generator=g)
+    return [
+        ((ids,), {}),
+        ((ids, torch.rand(9, generator=g)), {}),  # gate-weighted counts
+        ((ids, torch.randn(9, generator=g).to(torch.bfloat16), 8), {}),  # float64 result, minlength
+        ((ids,), {"weights": torch.randn(9, generator=g).double(), "minlength": 3}),
+        ((ids, torch.randint(0, 4, (9,), generator=g)), {}),  # int weights -> float64
+    ]
 
 
 def exact_count_limit(dtype: torch.dtype) -> int:
@@ -90,7 +163,7 @@ def _scalar(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) else None
 
 
-@register(aten.histc.default, cost=histc_cost, samples=suite("counting", "histc_samples"))
+@register(aten.histc.default, cost=histc_cost, samples=histc_samples)
 @register(aten.histc.out, gaps=ALIASED_UNPRICED)
 def histc_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Fixed bin edges (min != max): any input dim sharded -> P(sum) counts; else replicate only."""
@@ -115,7 +188,7 @@ def bincount_dtype(weights_dtype: torch.dtype, self_numel: Any) -> torch.dtype:
     return weights_dtype if weights_dtype in (torch.float32, torch.float64) else torch.float64
 
 
-@register(aten.bincount.default, cost=bincount_cost, samples=suite("counting", "bincount_samples"), handler=rule_dispatch)
+@register(aten.bincount.default, cost=bincount_cost, samples=bincount_samples, handler=rule_dispatch)
 @register(aten.bincount.out, gaps=ALIASED_UNPRICED, handler=rule_dispatch)
 def bincount_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Replicated self; Partial(sum/avg) floating weights give a Partial(sum/avg) histogram."""

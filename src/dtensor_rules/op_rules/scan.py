@@ -34,6 +34,12 @@ Not offered, and why (each is wrong for some input):
 
 Upstream torch 2.13 offers only S(d) for ``cumsum.default`` (no Partial at all, so a P(sum) input
 is all-gathered first) and has no rule for ``cumsum_`` / ``cumsum.out``.
+
+Cost (``cumsum_cost``, family ``scan``): one add per element; writes in ``dtype``, else int64 for
+integer/bool inputs (torch's promotion), else the input dtype. In-place ``cumsum_`` writes in the
+input dtype.
+
+Samples: Partial-carrying dtypes, int promotion, ``dtype=``, in place.
 """
 
 from __future__ import annotations
@@ -41,19 +47,63 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from dtensor_rules._upstream import ShardingPlaceholder
+from torch._ops import OpOverload
 from torch.distributed.tensor.placement_types import Partial
 
-from dtensor_rules.core.suite_ref import suite
-from dtensor_rules.costs.formulas.counting import cumsum_cost
-from dtensor_rules.ops._common import PlacementOrHole, normalize_dim
-from dtensor_rules.ops._partial import partial_survives_cast
-from dtensor_rules.ops._gaps import ALIASED_UNPRICED
-from dtensor_rules.ops._schema_args import row, schema_arg
+from dtensor_rules._upstream import ShardingPlaceholder
+from dtensor_rules.costs._util import nbytes, numel
+from dtensor_rules.costs.formulas import formula
+from dtensor_rules.costs.op_cost import OpCost
+from dtensor_rules.op_rules._common import generator, normalize_dim, PlacementOrHole, Samples
+from dtensor_rules.op_rules._gaps import ALIASED_UNPRICED
+from dtensor_rules.op_rules._partial import partial_survives_cast
+from dtensor_rules.op_rules._schema_args import row, schema_arg
 from dtensor_rules.registry import register
 
 aten = torch.ops.aten
 CUMSUM = [aten.cumsum.default, aten.cumsum.out, aten.cumsum_.default]
+
+
+# --------------------------------------------------------------------------- cost formula
+
+@formula(family="scan")
+def cumsum_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
+    self, dtype = b["self"], b["dtype"]
+    if op is aten.cumsum_.default:
+        out_dtype = self.dtype
+    elif dtype is not None:
+        out_dtype = dtype
+    elif self.dtype.is_floating_point or self.dtype.is_complex:
+        out_dtype = self.dtype
+    else:
+        out_dtype = torch.int64
+    n = numel(self)
+    return OpCost(n, nbytes(self), n * out_dtype.itemsize, dtype=out_dtype)
+
+
+# --------------------------------------------------------------------------- sample suites
+
+def cumsum_samples() -> Samples:
+    g = generator(10)
+    counts = torch.randint(0, 9, (8,), generator=g)  # tokens per expert -> offsets
+    return [
+        ((torch.randn(5, 4, 3, generator=g), 1), {}),
+        ((counts, 0), {}),  # int64 -> int64: P(sum) exact
+        ((torch.randint(-5, 6, (3, 5), generator=g, dtype=torch.int32), 1), {}),  # int32 -> int64
+        ((torch.randn(4, 6, generator=g).to(torch.bfloat16), -1), {}),
+        ((torch.randn(6, 3, generator=g), 0), {"dtype": torch.float64}),  # wider result
+        ((torch.randint(0, 4, (5, 3), generator=g), 0), {"dtype": torch.float32}),  # int -> float
+        ((torch.randn(3, 5, generator=g).double(), 1), {"dtype": torch.float32}),  # narrower result
+    ]
+
+
+def cumsum_inplace_samples() -> Samples:
+    g = generator(11)
+    return [
+        ((torch.randn(5, 3, generator=g), 0), {}),
+        ((torch.randint(-3, 4, (4, 5), generator=g, dtype=torch.int32), 1), {}),  # int32 in place: exact
+        ((torch.randn(4, 6, generator=g).to(torch.bfloat16), -1), {}),
+    ]
 
 
 def cumsum_result_dtype(op: Any, self_dtype: torch.dtype, dtype: torch.dtype | None, out_dtype: torch.dtype | None) -> torch.dtype:
@@ -75,8 +125,8 @@ def linear_partials(in_dtype: torch.dtype, out_dtype: torch.dtype) -> list[str]:
     return [op for op in ("sum", "avg") if partial_survives_cast(op, in_dtype, out_dtype)]
 
 
-@register(aten.cumsum.default, cost=cumsum_cost, samples=suite("scan", "cumsum_samples"))
-@register(aten.cumsum_.default, cost=cumsum_cost, samples=suite("scan", "cumsum_inplace_samples"))
+@register(aten.cumsum.default, cost=cumsum_cost, samples=cumsum_samples)
+@register(aten.cumsum_.default, cost=cumsum_cost, samples=cumsum_inplace_samples)
 @register(aten.cumsum.out, gaps=ALIASED_UNPRICED)
 def cumsum_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Shard any dim but ``dim``; Partial(sum/avg) passes through where the dtypes keep it linear."""

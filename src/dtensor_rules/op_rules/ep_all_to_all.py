@@ -41,9 +41,9 @@ from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
 from dtensor_rules._upstream import dispatch_slow_path
 from dtensor_rules.kernels.ep_all_to_all import count_under_comm_debug_mode, ep_combine_op, ep_dispatch_op
-from dtensor_rules.ops._common import PlacementOrHole, metas, nbytes
-from dtensor_rules.ops._gaps import COLLECTIVE
-from dtensor_rules.ops._partial import partial_ops
+from dtensor_rules.op_rules._common import PlacementOrHole, metas, nbytes
+from dtensor_rules.op_rules._gaps import COLLECTIVE
+from dtensor_rules.op_rules._partial import partial_ops
 from dtensor_rules.registry import register
 
 __all__ = ["EP_DISPATCH", "EP_COMBINE", "ep_exchange_strategy", "ep_exchange_handler"]

@@ -32,6 +32,11 @@ counts that differ by rank are local data, not one global tensor: compute them w
 
 Costs: the op is integer index arithmetic (no floating-point operations, ``flops = 0``)
 and memory bound: ``bytes`` is its input plus its three int32 outputs.
+
+Samples: uneven counts with empty expert groups, a tight ``max_len`` (no spare slot), three
+ranks with alignment 1, int64 counts. No all-zero counts and no single count (E = R = 1): on those
+a Partial counts layout can give the right answer by luck (see above), and the validator would
+report a layout valid that no rule may offer for every input.
 """
 
 from __future__ import annotations
@@ -40,13 +45,29 @@ from typing import Any
 
 import torch
 
-from dtensor_rules.core.suite_ref import suite
 from dtensor_rules.kernels.moe_index_op import moe_permute_indices_op
 from dtensor_rules.kernels.moe_index_reference import INDEX_DTYPE
-from dtensor_rules.ops._common import PlacementOrHole, nbytes
+from dtensor_rules.op_rules._common import nbytes, PlacementOrHole, Samples
 from dtensor_rules.registry import register
 
 MOE_PERMUTE_INDICES = moe_permute_indices_op._opoverload
+
+
+# --------------------------------------------------------------------------- sample suites
+
+def _counts(*values: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype)
+
+
+def moe_permute_indices_samples() -> Samples:
+    # args: (tokens_per_expert_group[R * E], experts_per_rank E, num_ranks R, max_len, alignment)
+    return [
+        ((_counts(4, 0, 2, 3, 1, 0, 0, 5), 4, 2, 40, 8), {}),  # empty experts, spare slots
+        ((_counts(4, 0, 2, 3, 1, 0, 0, 5), 4, 2, 32, 8), {}),  # tight: the padded blocks fill max_len
+        ((_counts(2, 5, 0, 1, 3, 4), 2, 3, 20, 1), {}),  # three ranks, alignment 1
+        ((_counts(3, 1, 2, 0, 5, 1), 3, 2, 16, 4), {}),  # E=3, R=2: tight max_len (4 + 8 + 4)
+        ((_counts(3, 1, 0, 6, 2, 2, dtype=torch.int64), 3, 2, 24, 2), {}),  # int64 counts
+    ]
 
 
 def moe_permute_indices_flops(
@@ -65,7 +86,7 @@ def moe_permute_indices_bytes(
 
 @register(
     moe_permute_indices_op, flops=moe_permute_indices_flops, bytes=moe_permute_indices_bytes,
-    samples=suite("moe_index", "moe_permute_indices_samples"),
+    samples=moe_permute_indices_samples,
 )
 def moe_permute_indices_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
     """Replicate only: every output depends on every count through non-linear prefix sums."""

@@ -81,6 +81,24 @@ with unequal sizes. Upstream torch 2.13 has no Partial strategy for any of these
 gather only for ``index.size(dim) == 1`` (and failing where its mask buffer is reused, see
 ``_upstream/mask.py``), and its scatter_add checks only self vs index sizes (src larger than
 index on d is sharded wrongly).
+
+Cost (memory-bound, priced by the elements touched; ``k`` = ``index.numel()``, ``isz`` = element
+size of self; "index" and "src" count the tensor's distinct bytes, stride-0 dims once):
+
+=================================  ==========================================  =========================  =================
+op                                 bytes read                                  bytes written              flops
+=================================  ==========================================  =========================  =================
+gather(self, dim, index)           index + k * isz                             k * isz                    0
+scatter(self, dim, index, src)     self (copy) + index + k * src isz           self (copy) + k * isz      0
+scatter.value                      self (copy) + index                         self (copy) + k * isz      0
+scatter_add / scatter_reduce       as scatter + k * isz (read-modify-write)    as scatter                 k (mean: + self)
+in-place variants (``..._``)       as above without the copy of self           k * isz                    as above
+=================================  ==========================================  =========================  =================
+
+Families (``OpCost.family``, for per-family hardware efficiency): ``gather``, ``scatter``.
+
+Samples: index smaller than self and src on non-indexed dims, duplicate indices, negative dims,
+bf16 and int64.
 """
 
 from __future__ import annotations
@@ -88,15 +106,17 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from dtensor_rules._upstream import ShardingPlaceholder
+from torch._ops import OpOverload
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate
 
-from dtensor_rules.core.suite_ref import suite
-from dtensor_rules.costs.formulas.indexing import gather_cost, scatter_cost
-from dtensor_rules.ops._common import PlacementOrHole, metas, normalize_dim, size_is
-from dtensor_rules.ops._gaps import ALIASED_SAMPLES, ALIASED_UNPRICED
-from dtensor_rules.ops._partial import partial_ops
-from dtensor_rules.ops.gather_mask import mask_row, mask_row_offered, mask_row_pays
+from dtensor_rules._upstream import ShardingPlaceholder
+from dtensor_rules.costs._util import nbytes, numel
+from dtensor_rules.costs.formulas import formula
+from dtensor_rules.costs.op_cost import OpCost
+from dtensor_rules.op_rules._common import generator, metas, normalize_dim, PlacementOrHole, Samples, size_is
+from dtensor_rules.op_rules._gaps import ALIASED_SAMPLES, ALIASED_UNPRICED
+from dtensor_rules.op_rules._partial import partial_ops
+from dtensor_rules.op_rules.gather_mask import mask_row, mask_row_offered, mask_row_pays
 from dtensor_rules.registry import register
 
 aten = torch.ops.aten
@@ -108,6 +128,106 @@ SCATTER_REDUCE = [aten.scatter_reduce.two, aten.scatter_reduce_.two, aten.scatte
 
 Row = list[PlacementOrHole]
 R: Placement = Replicate()
+
+
+# --------------------------------------------------------------------------- cost formula
+
+@formula(family="gather")
+def gather_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
+    self, index = b["self"], b["index"]
+    k, isz = numel(index), self.dtype.itemsize
+    return OpCost(0, nbytes(index) + k * isz, k * isz, dtype=self.dtype)
+
+
+_SCATTER_OUT = (aten.scatter.src, aten.scatter.value, aten.scatter_add.default, aten.scatter_reduce.two)
+
+
+_SCATTER_INPLACE = (aten.scatter_.src, aten.scatter_.value, aten.scatter_add_.default, aten.scatter_reduce_.two)
+
+
+@formula(family="scatter")
+def scatter_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
+    self, index = b["self"], b["index"]
+    src = b.get("src")
+    k, isz = numel(index), self.dtype.itemsize
+    name = op._schema.name.split("::")[1].rstrip("_")
+    reduces = name in ("scatter_add", "scatter_reduce")
+    read = nbytes(index) + (k * src.dtype.itemsize if isinstance(src, torch.Tensor) else 0)
+    written = k * isz
+    flops = 0
+    if reduces:
+        read += k * isz
+        flops = k
+        if b.get("reduce") == "mean":
+            flops += numel(self)  # the final division by the counts
+    if op in _SCATTER_OUT:
+        read += nbytes(self)
+        written += numel(self) * isz
+    return OpCost(flops, read, written, dtype=self.dtype)
+
+
+# --------------------------------------------------------------------------- sample suites
+
+def _index(g: torch.Generator, high: int, *shape: int) -> torch.Tensor:
+    return torch.randint(0, high, shape, generator=g)
+
+
+def _r(g: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    if dtype.is_floating_point:
+        return torch.randn(*shape, generator=g).to(dtype)
+    return torch.randint(-5, 6, shape, generator=g, dtype=dtype)
+
+
+def gather_samples() -> Samples:
+    g = generator(20)
+    return [
+        ((_r(g, 4, 6), 1, _index(g, 6, 4, 3)), {}),  # same size on the other dim
+        ((_r(g, 5, 6), 1, _index(g, 6, 3, 3)), {}),  # index smaller on dim 0
+        ((_r(g, 5, 4), -2, _index(g, 5, 7, 4)), {}),  # index longer on the gathered dim (duplicates)
+        ((_r(g, 3, 5, dtype=torch.bfloat16), 1, _index(g, 5, 3, 5)), {}),
+        ((_r(g, 4, 5, dtype=torch.int64), 0, _index(g, 4, 2, 5)), {}),
+    ]
+
+
+def scatter_add_samples() -> Samples:
+    g = generator(21)
+    return [
+        ((_r(g, 4, 6), 0, _index(g, 4, 5, 6), _r(g, 5, 6)), {}),  # duplicates along dim 0
+        ((_r(g, 4, 6), 1, _index(g, 6, 4, 3), _r(g, 6, 5)), {}),  # src larger than index
+        ((_r(g, 5, 3), -2, _index(g, 5, 6, 2), _r(g, 6, 3)), {}),  # index narrower than self on dim 1
+        ((_r(g, 6, 4, dtype=torch.bfloat16), 0, _index(g, 6, 3, 4), _r(g, 3, 4, dtype=torch.bfloat16)), {}),
+        ((_r(g, 4, 3, dtype=torch.int64), 1, _index(g, 3, 4, 3), _r(g, 4, 3, dtype=torch.int64)), {}),
+    ]
+
+
+def scatter_src_samples() -> Samples:
+    g = generator(22)
+    # unique indices along dim so the written value is well defined
+    idx = torch.stack([torch.randperm(6, generator=g)[:3] for _ in range(4)])
+    return [
+        ((_r(g, 4, 6), 1, idx, _r(g, 4, 3)), {}),
+        ((_r(g, 4, 6), 1, idx[:, :2], _r(g, 5, 4)), {}),  # src larger than index
+        ((_r(g, 5, 4, dtype=torch.int64), 0, torch.randperm(5, generator=g)[:3].view(3, 1).expand(3, 4).contiguous(), _r(g, 3, 4, dtype=torch.int64)), {}),
+    ]
+
+
+def scatter_value_samples() -> Samples:
+    g = generator(23)
+    return [
+        ((_r(g, 4, 6), 1, _index(g, 6, 4, 3), 0.0), {}),
+        ((_r(g, 5, 3), 0, _index(g, 5, 2, 3), -0.5), {}),
+        ((_r(g, 4, 6, dtype=torch.int64), -1, _index(g, 6, 3, 6), 0), {}),
+    ]
+
+
+def scatter_reduce_samples() -> Samples:
+    g = generator(24)
+    out = []
+    for reduce in ("sum", "mean", "amax", "amin", "prod"):
+        for include_self in (True, False):
+            out.append(((_r(g, 4, 5), 0, _index(g, 4, 6, 5), _r(g, 6, 5), reduce), {"include_self": include_self}))
+    out.append(((_r(g, 4, 5, dtype=torch.int64), 1, _index(g, 5, 4, 3), _r(g, 4, 3, dtype=torch.int64), "mean"), {}))
+    return out
 
 
 def _with_out(row: Row, kwargs: Any) -> Row:
@@ -138,7 +258,7 @@ def _either_partial(P: Placement) -> list[tuple[Placement, Placement]]:
     return [(P, P), (P, R), (R, P)]
 
 
-@register(aten.gather.default, cost=gather_cost, samples=suite("gather_scatter", "gather_samples"))
+@register(aten.gather.default, cost=gather_cost, samples=gather_samples)
 @register(aten.gather.out, gaps=ALIASED_UNPRICED)
 def gather_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
     """Equal-size dims shard together; index sharded on dim with self replicated; self sharded
@@ -177,7 +297,7 @@ def _index_sharded_sum_row(dim: int, self_m: Any, index_m: Any, src_m: Any) -> l
     return []
 
 
-@register(aten.scatter_add.default, cost=scatter_cost, samples=suite("gather_scatter", "scatter_add_samples"))
+@register(aten.scatter_add.default, cost=scatter_cost, samples=scatter_add_samples)
 @register(aten.scatter_add_.default, cost=scatter_cost, gaps=ALIASED_SAMPLES)
 @register(aten.scatter_add.out, gaps=ALIASED_UNPRICED)
 def scatter_add_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
@@ -206,7 +326,7 @@ def _add_partial_rows(dim: int, self_m: Any, index_m: Any, src_m: Any, index_sha
     return rows
 
 
-@register(aten.scatter.src, cost=scatter_cost, samples=suite("gather_scatter", "scatter_src_samples"))
+@register(aten.scatter.src, cost=scatter_cost, samples=scatter_src_samples)
 @register(aten.scatter_.src, cost=scatter_cost, gaps=ALIASED_SAMPLES)
 @register(aten.scatter.src_out, gaps=ALIASED_UNPRICED)
 def scatter_src_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
@@ -229,7 +349,7 @@ def _is_zero(value: Any) -> bool:
         return False
 
 
-@register(aten.scatter.value, cost=scatter_cost, samples=suite("gather_scatter", "scatter_value_samples"))
+@register(aten.scatter.value, cost=scatter_cost, samples=scatter_value_samples)
 @register(aten.scatter_.value, cost=scatter_cost, gaps=ALIASED_SAMPLES)
 @register(aten.scatter.value_out, gaps=ALIASED_UNPRICED)
 def scatter_value_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:
@@ -258,7 +378,7 @@ _SELF_ONLY_OPS = {
 }
 
 
-@register(aten.scatter_reduce.two, cost=scatter_cost, samples=suite("gather_scatter", "scatter_reduce_samples"))
+@register(aten.scatter_reduce.two, cost=scatter_cost, samples=scatter_reduce_samples)
 @register(aten.scatter_reduce_.two, cost=scatter_cost, gaps=ALIASED_SAMPLES)
 @register(aten.scatter_reduce.two_out, gaps=ALIASED_UNPRICED)
 def scatter_reduce_strategy(op: Any, args: Any, kwargs: Any) -> list[Row]:

@@ -16,15 +16,17 @@ detach_                (placements AND order)     alias of the local shard), so 
                                                   shard of the output is its shard of the
                                                   input: the layout is exactly preserved
 =====================  =========================  ==========================================
+
+Samples: uneven shapes, bf16, int64.
 """
 
 from __future__ import annotations
 
 import torch
-from dtensor_rules._upstream import DTensorSpec, OpSchema, OpSpec, OpStrategy
 
-from dtensor_rules.core.suite_ref import suite
-from dtensor_rules.ops._gaps import ALIASED_UNPRICED, VIEW
+from dtensor_rules._upstream import DTensorSpec, OpSchema, OpSpec, OpStrategy
+from dtensor_rules.op_rules._common import generator, Samples
+from dtensor_rules.op_rules._gaps import ALIASED_UNPRICED, VIEW
 from dtensor_rules.registry import register
 
 aten = torch.ops.aten
@@ -32,12 +34,23 @@ aten = torch.ops.aten
 __all__ = ["identity_layout_strategy"]
 
 
+# --------------------------------------------------------------------------- sample suites
+
+def identity_samples() -> Samples:
+    g = generator(2)
+    return [
+        ((torch.randn(5, 3, generator=g),), {}),
+        ((torch.randn(3, 4, 2, generator=g).to(torch.bfloat16),), {}),
+        ((torch.randint(0, 9, (7,), generator=g),), {}),
+    ]
+
+
 def _same_spec(spec: DTensorSpec) -> DTensorSpec:
     return DTensorSpec(spec.mesh, spec.placements, tensor_meta=spec.tensor_meta, shard_order=spec.shard_order,
                        use_strided_shard_as_shard_order=spec.use_strided_shard_as_shard_order)
 
 
-@register([aten.detach.default, aten.alias.default], kind="op_strategy", samples=suite("pointwise", "identity_samples"), gaps=VIEW)
+@register([aten.detach.default, aten.alias.default], kind="op_strategy", samples=identity_samples, gaps=VIEW)
 @register(aten.detach_.default, kind="op_strategy", gaps=ALIASED_UNPRICED)
 def identity_layout_strategy(op_schema: OpSchema) -> OpStrategy:
     """One strategy per input strategy: the input's spec, unchanged, in and out (zero cost)."""

@@ -16,7 +16,7 @@ R                          R, R, R                         implied
 =========================  ==============================  ===========================================
 
 Dtypes. A Partial operand must survive the cast to the output dtype
-(:func:`~dtensor_rules.ops._partial.partial_survives_cast`): for sum/avg only when it already
+(:func:`~dtensor_rules.op_rules._partial.partial_survives_cast`): for sum/avg only when it already
 has the output dtype (int8 parts promoted to int64 would not wrap the way their int8 sum does;
 float16 parts promoted to float32 would not overflow the way their float16 sum does). avg needs a
 floating output; max/min need a floating output (an integer ``a*b + c_i`` can wrap, which is not
@@ -30,10 +30,15 @@ Registration is lazy: ``prims.fma`` only exists once ``torch._inductor.inductor_
 imported (~2 s), so the rule and its cost formula are registered (and installed, if our rules
 are installed) when inductor defines the op, the way upstream registers its own fma rule: the
 named patch ``deferred_fma`` (docs/patches.md). ``status()`` lists the rule before that
-(``status().deferred``); ``dtensor_rules.ops.fma.fma`` (the op) defines it on first access.
+(``status().deferred``); ``dtensor_rules.op_rules.fma.fma`` (the op) defines it on first access.
 
 Dispatch prices at most two strategies built from these rows (:mod:`dtensor_rules.dispatch`);
 solver and validator queries see every row over every mesh dim.
+
+Cost (family ``pointwise``): 2 flops (multiply, add) per output element; reads each operand's
+distinct memory once, writes the broadcast output in the promoted dtype.
+
+Samples: uneven shapes, broadcasting, bf16.
 """
 
 from __future__ import annotations
@@ -46,11 +51,39 @@ from torch._ops import OpOverload
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
 from dtensor_rules._upstream import ensure_prims_fma, on_prims_fma_defined, prims_fma_defined
-from dtensor_rules.core.suite_ref import suite
+from dtensor_rules.costs._util import nbytes, numel
+from dtensor_rules.costs.formulas import formula
+from dtensor_rules.costs.op_cost import OpCost
+from dtensor_rules.op_rules._common import broadcast_shape, generator, metas, PlacementOrHole, Samples, shard_through_broadcast
+from dtensor_rules.op_rules._partial import partial_ops, partial_survives_cast
 from dtensor_rules.patches import guarded
-from dtensor_rules.costs.formulas.pointwise import fma_cost
-from dtensor_rules.ops._common import PlacementOrHole, broadcast_shape, metas, shard_through_broadcast
-from dtensor_rules.ops._partial import partial_ops, partial_survives_cast
+
+
+# --------------------------------------------------------------------------- cost formula
+
+def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> OpCost:
+    out_shape = broadcast_shape(a.shape, b.shape, c.shape)
+    dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), c.dtype)
+    n = numel(out_shape)
+    return OpCost(2 * n, nbytes(a) + nbytes(b) + nbytes(c), n * dtype.itemsize, dtype=dtype)
+
+
+@formula(family="pointwise")
+def fma_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
+    return _fma(b["a"], b["b"], b["c"])
+
+
+# --------------------------------------------------------------------------- sample suites
+
+def fma_samples() -> Samples:
+    g = generator(0)
+    r = lambda *s, dtype=torch.float32: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
+    return [
+        ((r(4, 6), r(4, 6), r(4, 6)), {}),
+        ((r(5, 3), r(5, 3), r(3)), {}),  # broadcast addend, uneven dim 0
+        ((r(4, 1), r(1, 6), r(4, 6)), {}),  # outer-product broadcasting
+        ((r(3, 4, 5, dtype=torch.bfloat16), r(3, 4, 5, dtype=torch.bfloat16), r(5, dtype=torch.bfloat16)), {}),
+    ]
 
 
 def __getattr__(name: str) -> Any:
@@ -102,7 +135,7 @@ def _register_rule() -> OpOverload:
 
     op = torch.ops.prims.fma.default
     if op not in registry.rules():
-        registry.register(op, cost=fma_cost, samples=suite("pointwise", "fma_samples"))(fma_strategy)
+        registry.register(op, cost=fma_cost, samples=fma_samples)(fma_strategy)
     return op
 
 

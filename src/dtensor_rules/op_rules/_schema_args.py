@@ -16,7 +16,7 @@ from torch._ops import OpOverload
 from dtensor_rules._upstream import TensorMeta
 from torch.utils._pytree import tree_leaves
 
-from dtensor_rules.ops._common import PlacementOrHole
+from dtensor_rules.op_rules._common import PlacementOrHole
 
 
 def schema_arg(op: OpOverload, args: Sequence[Any], kwargs: Mapping[str, Any], name: str) -> Any:

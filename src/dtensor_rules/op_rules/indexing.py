@@ -77,22 +77,51 @@ gathered rows differ); P(max/min) values with ``accumulate=True`` when the integ
 happen to be unique (with a duplicate, max_r(self + v1_r + v2_r) != self + max v1 + max v2).
 Valid but not emitted: the same P(max/min)-values row when every index is a bool mask (a mask
 never repeats a coordinate).
+
+Cost (memory-bound, priced by the elements touched; ``isz`` = element size of self):
+
+=================================  ==========================================  =========================  =================
+op                                 bytes read                                  bytes written              flops
+=================================  ==========================================  =========================  =================
+index(self, indices)               indices + k_out * isz (+ mask cost)         k_out * isz (+ coords)     0
+index_put(self, indices, values)   self (copy) + indices + values (+ mask)     self (copy) + k * isz (+)  0
+index_put(accumulate=True)         as index_put + k * isz                      as index_put               k
+=================================  ==========================================  =========================  =================
+
+"indices" and "values" count the distinct bytes of the tensor (stride-0 dims once). ``k`` is
+the number of positions the indices select (broadcast of integer indices, count of True in
+boolean masks) and ``k_out = k *`` the non-indexed dims. Boolean masks are counted from the data
+when concrete; on fake/meta tensors every element is assumed True (an upper bound,
+``exact=False``). A mask is first converted to int64 coordinates (``nonzero``): "mask cost" =
+the mask's bytes read plus ``k * mask.ndim * 8`` bytes of coordinates written and the same read
+back. Families (``OpCost.family``): ``index`` for row-granular access (>= 16 contiguous elements
+per position: the kernel streams runs), else ``gather`` (index) or ``scatter`` (index_put).
+
+Samples: uneven shapes, several / broadcasting / separated index tensors, None entries, negative
+indices, bool masks, duplicates, bf16 and int64. ``accumulate=False`` samples keep index
+coordinates unique: with duplicates the written value is nondeterministic on one device already.
+``accumulate=True`` samples include duplicates. ``index.Tensor`` has no bool-mask sample: its
+output shape is data dependent, which neither DTensor nor the fake-tensor step of the validator
+can handle.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from dtensor_rules._upstream import ShardingPlaceholder, TensorMeta
+from torch._ops import OpOverload
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
-from dtensor_rules.core.suite_ref import suite
-from dtensor_rules.costs.formulas.indexing import index_cost, index_put_cost
-from dtensor_rules.ops._common import PlacementOrHole, size_is
+from dtensor_rules._upstream import ShardingPlaceholder, TensorMeta
+from dtensor_rules.costs._util import broadcast_shape, CostError, is_concrete, nbytes, numel
+from dtensor_rules.costs.formulas import formula
+from dtensor_rules.costs.op_cost import OpCost
 from dtensor_rules.dispatch import cache_miss  # noqa: F401  (registers the cache_miss_hook patch)
-from dtensor_rules.ops._gaps import ALIASED_SAMPLES, ALIASED_UNPRICED, HACKED_TWIN
+from dtensor_rules.op_rules._common import generator, PlacementOrHole, Samples, size_is
+from dtensor_rules.op_rules._gaps import ALIASED_SAMPLES, ALIASED_UNPRICED, HACKED_TWIN
 from dtensor_rules.registry import register
 
 aten = torch.ops.aten
@@ -106,6 +135,120 @@ INDEX_PUT_INPLACE = [
 ]
 
 _MASK = -1  # size marker of a mask's data-dependent dim in the index shape
+
+
+# --------------------------------------------------------------------------- cost formula
+
+_MASK_NOTE = "boolean mask values unknown (fake/meta): all True assumed (upper bound)"
+
+
+ROW_ELEMS = 16  # elements per indexed position from which a kernel copies contiguous runs ("index" family)
+
+
+def _indexed_positions(self: torch.Tensor, indices: list[Any], op: OpOverload) -> tuple[int, int, bool, int, int]:
+    """(k positions, elements per position from non-indexed dims, exact, mask bytes read, mask bytes written).
+
+    A boolean mask is first turned into int64 coordinates (``nonzero``): its cost is the
+    mask read plus ``k * mask.ndim`` int64 coordinates written and read back.
+    """
+    shapes: list[tuple[int, ...]] = []
+    kept: list[int] = []
+    d, exact, mask_read, mask_written = 0, True, 0, 0
+    for idx in indices:
+        if idx is None:
+            if d >= self.dim():
+                raise CostError(f"{op}: too many indices for a {self.dim()}-d tensor")
+            kept.append(int(self.shape[d]))
+            d += 1
+        elif idx.dtype in (torch.bool, torch.uint8):
+            if is_concrete(idx):
+                true = int(torch.count_nonzero(idx))
+            else:
+                true = numel(idx)
+                exact = False
+            shapes.append((true,))
+            coords = true * idx.dim() * torch.int64.itemsize
+            mask_read += nbytes(idx) + coords
+            mask_written += coords
+            d += idx.dim()
+        else:
+            shapes.append(tuple(idx.shape))
+            d += 1
+    if d > self.dim():
+        raise CostError(f"{op}: indices address {d} dims of a {self.dim()}-d tensor")
+    kept += [int(s) for s in self.shape[d:]]
+    k = numel(broadcast_shape(*shapes)) if shapes else 1
+    return k, math.prod(kept), exact, mask_read, mask_written
+
+
+def _index_family(per: int) -> str:
+    """Row-granular indexing (>= ROW_ELEMS contiguous elements per position) vs element-granular."""
+    return "index" if per >= ROW_ELEMS else "gather"
+
+
+def _idx_bytes(indices: list[Any]) -> int:
+    return sum(nbytes(i) for i in indices if i is not None and i.dtype not in (torch.bool, torch.uint8))
+
+
+@formula(family="index")
+def index_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
+    self, indices = b["self"], list(b["indices"])
+    k, per, exact, mask_read, mask_written = _indexed_positions(self, indices, op)
+    out = k * per * self.dtype.itemsize
+    return OpCost(0, _idx_bytes(indices) + mask_read + out, out + mask_written, dtype=self.dtype, exact=exact,
+                  note="" if exact else _MASK_NOTE, family=_index_family(per))
+
+
+@formula(family="index")
+def index_put_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
+    self, indices, values = b["self"], list(b["indices"]), b["values"]
+    k, per, exact, mask_read, mask_written = _indexed_positions(self, indices, op)
+    isz = self.dtype.itemsize
+    elems = k * per
+    read = _idx_bytes(indices) + mask_read + nbytes(values)
+    written = elems * isz + mask_written
+    flops = 0
+    if b["accumulate"]:
+        read += elems * isz
+        flops = elems
+    if op is aten.index_put.default:
+        read += nbytes(self)
+        written += numel(self) * isz
+    family = "scatter" if per < ROW_ELEMS else "index"
+    return OpCost(flops, read, written, dtype=self.dtype, exact=exact, note="" if exact else _MASK_NOTE, family=family)
+
+
+# --------------------------------------------------------------------------- sample suites
+
+def _t(*vals: int) -> torch.Tensor:
+    return torch.tensor(vals)
+
+
+def index_samples() -> Samples:
+    g = generator(10)
+    r = lambda *s, dtype=torch.float32: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
+    return [
+        ((r(6, 5), [_t(0, 3, 3, -1)]), {}),  # duplicates, negative index, uneven dim
+        ((r(5, 4, 3), [None, _t(2, 0, 1)]), {}),  # index a middle dim
+        ((r(5, 4, 3), [_t(4, 0).reshape(2, 1), None, _t(0, 2, 1)]), {}),  # separated: B goes to the front
+        ((r(4, 5, 3, dtype=torch.bfloat16), [None, _t(0, 4, 2), _t(1, 1, 0)]), {}),  # adjacent pair
+        ((torch.randint(-9, 9, (7, 3), generator=g), [_t(1, 6, 6, 0, 2, 3).reshape(2, 3)]), {}),  # 2-D index, int64
+    ]
+
+
+def index_put_samples() -> Samples:
+    g = generator(11)
+    r = lambda *s, dtype=torch.float32: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
+    mask = torch.tensor([[1, 0, 1], [0, 0, 1], [1, 1, 0], [0, 1, 1]], dtype=torch.bool)
+    return [
+        ((r(6, 5), [_t(4, 0, 2)], r(3, 5), False), {}),
+        ((r(6, 5), [_t(4, 0, 4, 1)], r(4, 5), True), {}),  # duplicates accumulate
+        ((r(5, 4, 3), [_t(4, 0).reshape(2, 1), None, _t(0, 2, 1)], r(2, 3, 4), True), {}),  # separated, broadcast
+        ((r(4, 5, 3, dtype=torch.bfloat16), [None, _t(0, 4, 2), _t(1, 1, 0)], r(3, dtype=torch.bfloat16), False), {}),
+        ((r(4, 3), [mask], r(1), False), {}),  # 2-D mask, broadcast scalar value
+        ((r(5, 4), [_t(1, 0, 1, 1, 0).bool()], r(4), True), {}),  # 1-D mask, values broadcast over rows
+        ((torch.randint(-9, 9, (7, 3), generator=g), [_t(1, 6, 1, 0)], torch.randint(-9, 9, (4, 3), generator=g), True), {}),
+    ]
 
 
 @dataclass(frozen=True)
@@ -193,7 +336,7 @@ def _partial_ops(dtype: torch.dtype) -> tuple[str, ...]:
     return ("sum", "avg", "max", "min") if dtype.is_floating_point or dtype.is_complex else ("sum", "max", "min")
 
 
-@register(aten.index.Tensor, cost=index_cost, samples=suite("indexing", "index_samples"))
+@register(aten.index.Tensor, cost=index_cost, samples=index_samples)
 @register(aten.index.Tensor_out, gaps=ALIASED_UNPRICED)
 @register(aten.index.Tensor_hacked_twin, gaps=HACKED_TWIN)
 def index_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]:
@@ -257,7 +400,7 @@ def _mask_strategies(lay: IndexLayout, values: TensorMeta, row: Any) -> list[lis
     return out
 
 
-@register(aten.index_put.default, cost=index_put_cost, samples=suite("indexing", "index_put_samples"))
+@register(aten.index_put.default, cost=index_put_cost, samples=index_put_samples)
 @register([aten.index_put_.default, aten._index_put_impl_.default], cost=index_put_cost, gaps=ALIASED_SAMPLES)
 @register(aten.index_put.out, gaps=ALIASED_UNPRICED)
 @register([aten.index_put.hacked_twin, aten.index_put_.hacked_twin], gaps=HACKED_TWIN)

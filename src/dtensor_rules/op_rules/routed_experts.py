@@ -47,7 +47,7 @@ from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
 from dtensor_rules.costs.op_cost import OpCost
 from dtensor_rules.kernels.routed_experts_op import routed_experts_backward_op, routed_experts_op
-from dtensor_rules.ops._common import PlacementOrHole
+from dtensor_rules.op_rules._common import PlacementOrHole
 from dtensor_rules.registry import register
 
 __all__ = ["ROUTED_EXPERTS", "ROUTED_EXPERTS_BACKWARD", "EXPERT_ARGS", "expert_parallel_rows",

@@ -1,4 +1,4 @@
-"""Small helpers shared by the rule modules (placements over broadcasting, dims, bytes)."""
+"""Small helpers shared by the rule modules (placements over broadcasting, dims, bytes, sample suites)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,12 @@ from dtensor_rules._upstream import ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Placement, Replicate
 
 PlacementOrHole = Placement | ShardingPlaceholder
+Samples = list[tuple[tuple[Any, ...], dict[str, Any]]]  # a sample suite's value: ``[(args, kwargs), ...]``
+
+
+def generator(seed: int) -> torch.Generator:
+    """A seeded generator: every run of a sample suite sees the same data."""
+    return torch.Generator().manual_seed(seed)
 
 
 def normalize_dim(dim: int, ndim: int) -> int:

@@ -55,6 +55,37 @@ DTensor to compute the output's global shape) only bf16. :func:`grouped_mm_meta_
 (installed and uninstalled with the rule) lets DTensor's tensor-meta step compute the output from the shapes when
 the only objection was the dtype; every other check (dims, K, offs dtype, alignment for the
 real dtype, bias, out_dtype) is repeated, so inputs torch rejects still fail the same way.
+
+Cost (family ``matmul``): per-group matmuls, exact from ``offs`` when its values are known.
+
+Modes (``offs`` holds cumulative group ends along the split dim; group g spans
+``[offs[g-1], offs[g])``, with ``offs[-1]`` allowed below the full extent):
+
+=============  ==============  ==============  ============  ===================================
+mat_a          mat_b           split dim       out           flops
+=============  ==============  ==============  ============  ===================================
+(M, K)         (G, K, N)       M (rows of a)   (M, N)        sum_g 2 * m_g * K * N
+(G, M, K)      (K, N)          N (cols of b)   (M, N)        sum_g 2 * M * K * n_g
+(M, K)         (K, N)          K               (G, M, N)     sum_g 2 * M * k_g * N
+(G, M, K)      (G, K, N)       none (bmm)      (G, M, N)     2 * G * M * K * N
+=============  ==============  ==============  ============  ===================================
+
+Bytes: the operand elements that take part
+(rows/cols of empty groups and past ``offs[-1]`` are not read) plus ``offs``,
+and the output elements produced, in ``out_dtype`` (default: mat_a's dtype).
+When ``offs`` is fake/meta its values are unknown: groups are assumed balanced and to
+cover the whole split dim (``exact=False``).
+
+A call the op itself rejects (contraction sizes that differ, ``offs`` not 1-D int32, mismatched
+dtypes, bias, a different ``out_dtype``, misaligned strides) raises the op's ``RuntimeError``
+instead of being priced (the CPU kernel's checks, which accept fp32/fp16/bf16). Strides are
+checked on the tensors given: price a rank's shard with the layout it will have.
+
+Samples: all four modes, fp32 and bf16, uneven groups, an empty group,
+uneven M, a column-major (transposed) weight as the backward produces.
+
+``offs[-1]`` always equals the grouped length: rows/columns past it are left uninitialized by
+the kernel, so a single-device result there is not defined.
 """
 
 from __future__ import annotations
@@ -62,7 +93,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from dtensor_rules.core.solver_rows import is_full_enumeration, is_solver_query, trim_strategy
+from torch._ops import OpOverload
+from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
+
 from dtensor_rules._upstream import (
     DTensorSpec,
     dispatch_with_local_fix,
@@ -72,21 +105,102 @@ from dtensor_rules._upstream import (
     OpStrategy,
     TensorMeta,
 )
-from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
-
 from dtensor_rules.core.grouped_mm_checks import (  # noqa: F401  (kernel_accepts_layout: re-exported)
     CPU_DTYPES,
     aligned_copy,
+    check_call,
     cpu_kernel_check,
     kernel_accepts_layout,
     shards_accepted_cached,
 )
-from dtensor_rules.core.suite_ref import suite
-from dtensor_rules.costs.formulas.matmul import grouped_mm_cost
+from dtensor_rules.core.solver_rows import is_full_enumeration, is_solver_query, trim_strategy
+from dtensor_rules.costs._util import CostError, is_concrete, nbytes
+from dtensor_rules.costs.formulas import formula
+from dtensor_rules.costs.op_cost import OpCost
+from dtensor_rules.op_rules._common import generator, Samples
 from dtensor_rules.registry import register
 
 aten = torch.ops.aten
 GROUPED_MM = aten._grouped_mm.default
+
+
+# --------------------------------------------------------------------------- cost formula
+
+def group_sizes(offs: torch.Tensor | None, groups: int, total: int) -> tuple[list[int], bool]:
+    """Per-group extents along the split dim and whether they are exact (read from data)."""
+    if offs is not None and is_concrete(offs):
+        ends = [int(v) for v in offs.reshape(-1).tolist()]
+        if len(ends) != groups:
+            raise CostError(f"_grouped_mm: offs has {len(ends)} entries but there are {groups} groups")
+        sizes, prev = [], 0
+        for e in ends:
+            if e < prev or e > total:
+                raise CostError(f"_grouped_mm: offs {ends} must be non-decreasing and at most {total}")
+            sizes.append(e - prev)
+            prev = e
+        return sizes, True
+    q, r = divmod(total, groups) if groups else (0, 0)
+    return [q + (1 if g < r else 0) for g in range(groups)], False
+
+
+@formula(family="matmul")
+def grouped_mm_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
+    a, m2, offs, bias = b["self"], b["mat2"], b["offs"], b["bias"]
+    check_call(a, m2, offs, bias, b["out_dtype"])  # what the op raises, estimate raises
+    out_dtype = b["out_dtype"] or a.dtype
+    ia, ib, io = a.dtype.itemsize, m2.dtype.itemsize, out_dtype.itemsize
+    mode = (a.dim(), m2.dim())
+    if mode != (3, 3) and offs is None:
+        raise CostError(f"_grouped_mm with {mode[0]}-d x {mode[1]}-d inputs needs offs")
+    if mode == (2, 3):
+        (M, K), (G, _, N) = a.shape, m2.shape
+        sizes, exact = group_sizes(offs, G, M)
+        used, live = sum(sizes), sum(1 for s in sizes if s)
+        flops = sum(2 * m * K * N for m in sizes)
+        read, written = used * K * ia + live * K * N * ib, used * N * io
+    elif mode == (3, 2):
+        (G, M, K), (_, N) = a.shape, m2.shape
+        sizes, exact = group_sizes(offs, G, N)
+        used, live = sum(sizes), sum(1 for s in sizes if s)
+        flops = sum(2 * M * K * n for n in sizes)
+        read, written = live * M * K * ia + K * used * ib, M * used * io
+    elif mode == (2, 2):
+        (M, K), (_, N) = a.shape, m2.shape
+        G = int(offs.shape[0])
+        sizes, exact = group_sizes(offs, G, K)
+        used = sum(sizes)
+        flops = sum(2 * M * k * N for k in sizes)
+        read, written = M * used * ia + used * N * ib, G * M * N * io
+    elif mode == (3, 3):
+        (G, M, K), (_, _, N) = a.shape, m2.shape
+        flops, exact = 2 * G * M * K * N, True
+        read, written = nbytes(a) + nbytes(m2), G * M * N * io
+    else:
+        raise CostError(f"_grouped_mm takes 2-d or 3-d inputs, got {mode[0]}-d and {mode[1]}-d")
+    if offs is not None:
+        read += nbytes(offs)
+    note = "" if exact else "offs values unknown (fake/meta): balanced groups covering the split dim assumed"
+    return OpCost(flops, read, written, dtype=a.dtype, unit="tensor", exact=exact, note=note)
+
+
+# --------------------------------------------------------------------------- sample suites
+
+def _offs(*ends: int) -> torch.Tensor:
+    return torch.tensor(ends, dtype=torch.int32)
+
+
+def grouped_mm_samples() -> Samples:
+    g = generator(20)
+    r = lambda *s, dtype=torch.float32: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
+    bf = torch.bfloat16
+    return [
+        ((r(12, 8), r(3, 8, 8), _offs(3, 7, 12)), {}),  # 2-D x 3-D, M grouped
+        ((r(12, 8), r(3, 8, 8), _offs(4, 4, 12)), {}),  # an empty group
+        ((r(3, 6, 8), r(8, 12), _offs(4, 8, 12)), {}),  # 3-D x 2-D, N grouped
+        ((r(6, 16, dtype=bf), r(16, 8, dtype=bf), _offs(5, 16)), {}),  # 2-D x 2-D, K grouped
+        ((r(4, 5, 16, dtype=bf), r(4, 16, 8, dtype=bf)), {}),  # 3-D x 3-D batched, uneven M
+        ((r(2, 3, 12), r(2, 8, 12).transpose(-2, -1)), {}),  # column-major weight
+    ]
 
 
 def single_dim_strategies(
@@ -179,7 +293,7 @@ def grouped_mm_handler(op: Any, args: Any, kwargs: Any) -> Any:
 
 
 @register(
-    GROUPED_MM, kind="op_strategy", cost=grouped_mm_cost, samples=suite("grouped_mm", "grouped_mm_samples"),
+    GROUPED_MM, kind="op_strategy", cost=grouped_mm_cost, samples=grouped_mm_samples,
     meta_fallback=grouped_mm_meta_fallback, handler=grouped_mm_handler,
 )
 def grouped_mm_strategy(op_schema: OpSchema) -> OpStrategy:

@@ -2,7 +2,7 @@
 
 Both are *linear in all tensor inputs jointly* and every output element is a copy of
 exactly one input element (a *selection*), which is what lets Partial placements pass —
-as long as the op's dtype cast keeps the reduction (:mod:`dtensor_rules.ops._casts`):
+as long as the op's dtype cast keeps the reduction (:mod:`dtensor_rules.op_rules._casts`):
 a Partial(sum/avg) input must already have the output's dtype; Partial(max/min) survives
 monotone casts only.
 
@@ -69,7 +69,7 @@ R                                  R, R                                        i
 Not valid in general: the slice dim of self sharded (each rank would apply the *global*
 start/end/step to its local chunk); self and src on different dims; P(sum) with one
 operand replicated (unless the slice is empty/full as above); a Partial src whose cast
-to self's dtype breaks its reduction (:mod:`dtensor_rules.ops._casts`).
+to self's dtype breaks its reduction (:mod:`dtensor_rules.op_rules._casts`).
 
 Symbolic sizes: emptiness, "full slice" and legacy-empty inputs are decided with
 ``guard_or_false`` (never a guard on an unbacked size); an unknown answer drops the rows
@@ -86,6 +86,18 @@ all-Replicate, and when the inputs must move the search priced every product of 
 Upstream torch 2.13: cat offers one follow-the-exemplar strategy per input layout with no
 Partial max/min mixing and no cat-dim case; slice_scatter forces src to follow self, drops
 tensor_meta on inputs and never lets Partial through.
+
+Cost (family ``copy``: memory-bound, priced by the elements touched):
+
+=================================  ==========================================  =========================  =================
+op                                 bytes read                                  bytes written              flops
+=================================  ==========================================  =========================  =================
+cat(tensors, dim)                  every input                                 output (promoted dtype)    0
+slice_scatter(self, src, ...)      self + src                                  self (copy) + src          0
+=================================  ==========================================  =========================  =================
+
+Samples: uneven sizes, legacy empty inputs, negative dims, clamped / negative / None bounds,
+step > 1, empty and full slices, bf16 and int64.
 """
 
 from __future__ import annotations
@@ -96,18 +108,20 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
-from dtensor_rules._upstream import OpSchema, OpStrategy, ShardingPlaceholder
+from torch._ops import OpOverload
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from dtensor_rules.core.suite_ref import suite
-from dtensor_rules.costs.formulas.indexing import cat_cost, slice_scatter_cost
-from dtensor_rules.ops._casts import cast_partial_ops
-from dtensor_rules.ops._common import PlacementOrHole, normalize_dim
-from dtensor_rules.dispatch.greedy import Key, flat_inputs, key
+from dtensor_rules._upstream import OpSchema, OpStrategy, ShardingPlaceholder
+from dtensor_rules.costs._util import nbytes, numel
+from dtensor_rules.costs.formulas import formula
+from dtensor_rules.costs.op_cost import OpCost
+from dtensor_rules.dispatch.greedy import flat_inputs, Key, key
 from dtensor_rules.dispatch.rows import rows_strategy
-from dtensor_rules.ops._gaps import ALIASED_UNPRICED
-from dtensor_rules.ops._partial import partial_ops
+from dtensor_rules.op_rules._casts import cast_partial_ops
+from dtensor_rules.op_rules._common import generator, normalize_dim, PlacementOrHole, Samples
+from dtensor_rules.op_rules._gaps import ALIASED_UNPRICED
+from dtensor_rules.op_rules._partial import partial_ops
 from dtensor_rules.registry import register
 
 aten = torch.ops.aten
@@ -123,6 +137,64 @@ MAX_SUBSET_INPUTS = 3
 # zero-element inputs contribute nothing, so they may be laid out any way; rows are multiplied
 # by the 1 + 4 choices of each, for at most this many of them
 MAX_FREE_INPUTS = 2
+
+
+# --------------------------------------------------------------------------- cost formula
+
+@formula(family="copy")
+def cat_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
+    tensors = [t for t in b["tensors"] if not (t.dim() == 1 and t.shape[0] == 0)]  # legacy empty inputs are skipped
+    if not tensors:
+        return OpCost(0, 0, 0)
+    dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    out = sum(numel(t) for t in tensors) * dtype.itemsize
+    return OpCost(0, sum(nbytes(t) for t in tensors), out, dtype=dtype)
+
+
+@formula(family="copy")
+def slice_scatter_cost(op: OpOverload, b: dict[str, Any]) -> OpCost:
+    self, src = b["self"], b["src"]
+    isz = self.dtype.itemsize
+    return OpCost(0, nbytes(self) + nbytes(src), (numel(self) + numel(src)) * isz, dtype=self.dtype)
+
+
+# --------------------------------------------------------------------------- sample suites
+
+def _rand(seed: int):  # noqa: ANN202 - tiny local factory
+    g = generator(seed)
+
+    def r(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if dtype.is_floating_point:
+            return torch.randn(*shape, generator=g).to(dtype)
+        return torch.randint(-5, 6, shape, generator=g, dtype=dtype)
+
+    return r
+
+
+def cat_samples() -> Samples:
+    r = _rand(10)
+    return [
+        (([r(4, 3), r(4, 5)], 1), {}),  # different sizes on the cat dim
+        (([r(5, 3), r(2, 3), r(3, 3)], -2), {}),  # three inputs, negative dim, uneven
+        (([r(3, 4), torch.zeros(0), r(3, 2)], -1), {}),  # legacy empty input is skipped
+        (([r(0, 6), r(5, 6)], 0), {}),  # one input empty on the cat dim: the cat dim may shard
+        (([r(2, 3, 5, dtype=torch.bfloat16), r(2, 1, 5, dtype=torch.bfloat16)], 1), {}),
+        (([r(6, 2, dtype=torch.int64), r(6, 3, dtype=torch.int64)], 1), {}),
+    ]
+
+
+def slice_scatter_samples() -> Samples:
+    r = _rand(11)
+    return [
+        ((r(4, 6), r(4, 2), 1, 1, 5, 2), {}),  # step 2
+        ((r(5, 6), r(5, 3), -1, -3, None), {}),  # negative start, end None
+        ((r(6, 3), r(6, 3), 0, -10, 100), {}),  # clamped bounds: full slice, out == src
+        ((r(5, 6), r(5, 0), 1, 4, 2), {}),  # empty slice, out == self
+        ((r(7, 4, dtype=torch.bfloat16), r(3, 4, dtype=torch.bfloat16), 0, 2, 5), {}),
+        ((r(5, 4, dtype=torch.int64), r(5, 2, dtype=torch.int64), 1, 0, 4, 3), {}),
+    ]
 
 
 def _with_out(row: Row, has_out: bool) -> Row:
@@ -297,7 +369,7 @@ def _cat_args(op_schema: OpSchema) -> tuple[list[Any], int]:
     return list(args[0]), dim
 
 
-@register(aten.cat.default, kind="op_strategy", cost=cat_cost, samples=suite("slicing", "cat_samples"))
+@register(aten.cat.default, kind="op_strategy", cost=cat_cost, samples=cat_samples)
 @register(aten.cat.out, kind="op_strategy", gaps=ALIASED_UNPRICED)
 def cat_strategy(op_schema: OpSchema, full: bool = False) -> OpStrategy:
     """Non-cat dims shard together; Partial passes where the dtype cast keeps it; the cat dim only
@@ -441,7 +513,7 @@ def slice_scatter_rows(call: ScatterCall) -> tuple[Row, ...]:
     return tuple(strategies)
 
 
-@register(aten.slice_scatter.default, kind="op_strategy", cost=slice_scatter_cost, samples=suite("slicing", "slice_scatter_samples"))
+@register(aten.slice_scatter.default, kind="op_strategy", cost=slice_scatter_cost, samples=slice_scatter_samples)
 @register(aten.slice_scatter.out, kind="op_strategy", gaps=ALIASED_UNPRICED)
 def slice_scatter_strategy(op_schema: OpSchema, full: bool = False) -> OpStrategy:
     """Shard dims other than the slice dim together; Partial passes where src's cast keeps it."""
