@@ -18,8 +18,8 @@ i.e. expected-uniform routing), so the ILP may choose expert parallelism; "hand 
 combine nodes held to their EP rows, the rest placed by the ILP; no memory cap). "applied" runs the parameter
 layouts (``apply_choice``); an EP choice (experts ``Shard(0)`` on one mesh dim) runs through ``expert_parallel``
 (``apply_choice(..., ep=True)``: tokens by all-to-all, no all-gather of experts), the others through plain DTensor
-dispatch. "op" traces the block with its routed experts as ONE op (``models/routed_op.py``) whose DTensor rule
-offers expert parallelism as a row (``ops/routed_experts.py``), solved by plain strategy enumeration (no graph
+dispatch. "op" traces the block with its routed experts as ONE op (``ep/routed_op.py``) whose DTensor rule
+offers expert parallelism as a row (``ep/routed_experts_rule.py``), solved by plain strategy enumeration (no graph
 pass; the EP row's all-to-alls and host sync priced by ``Pricer.ep_exchange_us``); "op, no EP" withholds that row;
 their "applied" runs the chosen routed-experts row (``solver.ep_row.place_expert_row``: an EP row through
 ``expert_parallel``) on the small block with 64 experts (every ep size of these meshes divides them).
@@ -48,8 +48,8 @@ import dtensor_rules
 from dtensor_rules._upstream import per_rank_copies
 from dtensor_rules.core.solver_rows import full_enumeration
 from dtensor_rules.models.moe import MoE, MoEConfig
-from dtensor_rules.models.routed_op import routed_experts_as_op
-from dtensor_rules.op_rules.routed_experts import expert_parallel_rows
+from dtensor_rules.ep.routed_op import routed_experts_as_op
+from dtensor_rules.ep.routed_experts_rule import expert_parallel_rows
 from dtensor_rules.solver import apply_choice, choose_placements, trace_joint
 from dtensor_rules.solver.apply import expert_parallel_dim
 from dtensor_rules.solver.ep_row import expert_row, place_expert_row
@@ -65,8 +65,8 @@ MESHES = ((8,), (2, 4), (4, 8))
 # ours: solver-mode rows as shipped; ours+EP: plus the expert-parallel (routed-rows) rows of solver/ep_rows.py;
 # hand EP: expert_parallel's fixed layout (experts Shard(0) on mesh dim 0, TP on dim 1) priced by the same model;
 # ours-full: every row (core.solver_rows.full_enumeration); upstream: torch's rules
-# op / op, no EP: the block with its routed experts as ONE op (models/routed_op.py), traced and solved by plain
-# strategy enumeration (no graph pass): the op's rule offers expert parallelism as a row (ops/routed_experts.py);
+# op / op, no EP: the block with its routed experts as ONE op (ep/routed_op.py), traced and solved by plain
+# strategy enumeration (no graph pass): the op's rule offers expert parallelism as a row (ep/routed_experts_rule.py);
 # "op, no EP" withholds that row (what EP itself adds on the same graph)
 RULES = ("ours", "ours+EP", "hand EP", "ours-full", "upstream", "op", "op, no EP")
 OP_RULES = ("op", "op, no EP")

@@ -36,7 +36,7 @@ SAMPLES_PER_OP = 2
 # moves are collectives over a named process group: tests/test_ep_compile.py runs them on gloo ranks;
 # the routed-experts op's expert-parallel row runs only through expert_parallel:
 # tests/test_routed_experts_op.py runs every other row through dispatch against one device
-ELSEWHERE = ("dtensor_rules.op_rules.torchtitan_ops", "dtensor_rules.op_rules.ep_all_to_all", "dtensor_rules.op_rules.routed_experts")
+ELSEWHERE = ("dtensor_rules.op_rules.torchtitan_ops", "dtensor_rules.ep.all_to_all_rule", "dtensor_rules.ep.routed_experts_rule")
 
 
 def _shipped() -> list[torch._ops.OpOverload]:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from dtensor_rules import registry
-from dtensor_rules.models.expert_parallel import distribute_named
+from dtensor_rules.ep.expert_parallel import distribute_named
 from dtensor_rules.testing import simulated_mesh
 from tests._torchtitan import require_torchtitan, torchtitan_moe
 

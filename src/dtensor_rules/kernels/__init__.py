@@ -1,12 +1,8 @@
-"""Custom kernels for MoE, exposed as ``torch.library`` custom ops with DTensor rules.
+"""The MoE index kernel, exposed as a ``torch.library`` custom op with a DTensor rule.
 
-- :func:`moe_permute_indices`: token indices grouped by local expert, padded per-expert
-  group sizes and the ``offs`` of ``torch._grouped_mm`` (Triton on CUDA, torch elsewhere).
-- ``dtensor_rules::ep_dispatch`` / ``ep_combine`` (:mod:`dtensor_rules.kernels.ep_all_to_all`): the
-  expert-parallel token all-to-alls, each the other's backward, with an unbacked received row count.
-- ``dtensor_rules::routed_experts`` / ``routed_experts_backward``
-  (:mod:`dtensor_rules.kernels.routed_experts_op`): an MoE block's routed experts as one op, so a
-  solver that reads DTensor strategies is offered expert parallelism as one of its rows.
+:func:`moe_permute_indices`: token indices grouped by local expert, padded per-expert group
+sizes and the ``offs`` of ``torch._grouped_mm`` (Triton on CUDA, torch elsewhere). The
+expert-parallel ops (token all-to-alls, routed experts as one op) live in :mod:`dtensor_rules.ep`.
 """
 
 from __future__ import annotations

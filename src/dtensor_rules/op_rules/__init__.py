@@ -6,17 +6,16 @@ from dtensor_rules.op_rules import (  # noqa: F401
     _hinted_costs,
     _symbolic_tracing,
     counting,
-    ep_all_to_all,
     fma,
     gather_scatter,
     grouped_mm,
     identity,
     indexing,
     moe_index,
-    routed_experts,
     scan,
     slicing,
     softmax,
     sorting,
     torchtitan_ops,
 )
+from dtensor_rules.ep import all_to_all_rule, routed_experts_rule  # noqa: F401  (expert parallelism's ops)

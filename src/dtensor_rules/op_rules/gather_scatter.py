@@ -17,7 +17,7 @@ S(dim)                   R, S(dim)              out has index's shape; each rank
 M                        S(dim), M              M = IndexMaskPartial: each rank looks up the indices in its
                                                 chunk of self and zeroes the rest, so the lookups are
                                                 disjoint and sum to out (upstream's masked partial, with
-                                                the mask made at dispatch: ops/gather_mask.py); only if
+                                                the mask made at dispatch: op_rules/gather_mask.py); only if
                                                 index.size(dim) == 1 or 2 * index.numel() <= self.numel()
                                                 (reducing out later moves no more than all-gathering self);
                                                 not for ``out=`` nor bool (no sum), nor where dispatch
@@ -73,7 +73,7 @@ amax/amin, True        P(op), P(op)|R, S(dim), S(dim)                           
 Symbolic sizes (torch.compile): "equal size on d" and "index.size(dim) == src.size(dim)" must be
 statically known (``size_is``); an unknown (unbacked) size drops those rows, never guards.
 Integer self with index-sharded rows: a replicated self reaches P(sum) through the exact integer
-partition (value on coordinate 0, zeros elsewhere; ``ops/_partial.py``), not upstream's v / n.
+partition (value on coordinate 0, zeros elsewhere; ``op_rules/_partial.py``), not upstream's v / n.
 
 Not offered anywhere else: the indexed dim of self sharded (index values are global
 coordinates; gather masks them instead), index Partial (indices are not additive), sharding d

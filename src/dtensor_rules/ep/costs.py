@@ -1,4 +1,4 @@
-"""Cost formulas of one expert-parallel step on one rank (``dtensor_rules.models.ep_local``).
+"""Cost formulas of one expert-parallel step on one rank (``dtensor_rules.ep.local``).
 
 The region is not a single op, so these price its parts with the package's conventions
 (flops: multiply-adds count 2; bytes of a collective call: the larger of its input and
@@ -12,7 +12,7 @@ token dispatch       ``max(sent, received) * D * b`` bytes       rows to / from 
 token combine        same as the dispatch                        the transposed all-to-all
 local experts        ``6 * rows * D * H_l`` flops                three grouped matmuls over the
                                                                  ``rows = offs[-1]`` padded rows
-moe_permute_indices  0 flops; see ``src/dtensor_rules/op_rules/moe_index``  integer prefix sums only
+moe_permute_indices  0 flops (``op_rules/moe_index.py``)          integer prefix sums only
 ===================  ==========================================  ==============================
 
 Backward: the two token all-to-alls again with the same sizes (transposed), and twice

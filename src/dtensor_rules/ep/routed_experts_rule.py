@@ -1,4 +1,4 @@
-"""``dtensor_rules::routed_experts`` and its backward (``kernels/routed_experts_op.py``): the rows a solver is offered.
+"""``dtensor_rules::routed_experts`` and its backward (``ep/routed_experts_op.py``): the rows a solver is offered.
 
 Forward, per mesh dim ([out, x, idx, weights, w1, w3, w2]; ``w1``/``w3`` ``(E, D, H)``, ``w2`` ``(E, H, D)``):
 
@@ -46,7 +46,7 @@ import torch
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
 from dtensor_rules.costs.op_cost import OpCost
-from dtensor_rules.kernels.routed_experts_op import routed_experts_backward_op, routed_experts_op
+from dtensor_rules.ep.routed_experts_op import routed_experts_backward_op, routed_experts_op
 from dtensor_rules.op_rules._common import PlacementOrHole
 from dtensor_rules.registry import register
 

@@ -1,4 +1,4 @@
-"""``dtensor_rules::ep_dispatch`` / ``ep_combine`` (the EP token moves, ``kernels/ep_all_to_all.py``).
+"""``dtensor_rules::ep_dispatch`` / ``ep_combine`` (the EP token moves, ``ep/all_to_all.py``).
 
 Both ops move whole ROWS of ``x`` between the ranks of the process group named in their
 arguments (the ep group), by the per-rank split sizes ``splits``. Under DTensor the group's own
@@ -40,7 +40,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
 from dtensor_rules._upstream import dispatch_slow_path
-from dtensor_rules.kernels.ep_all_to_all import count_under_comm_debug_mode, ep_combine_op, ep_dispatch_op
+from dtensor_rules.ep.all_to_all import count_under_comm_debug_mode, ep_combine_op, ep_dispatch_op
 from dtensor_rules.op_rules._common import PlacementOrHole, metas, nbytes
 from dtensor_rules.op_rules._gaps import COLLECTIVE
 from dtensor_rules.op_rules._partial import partial_ops

@@ -1,4 +1,4 @@
-"""What :func:`~dtensor_rules.models.expert_parallel` refuses, each with one line naming the fix.
+"""What :func:`~dtensor_rules.ep.expert_parallel` refuses, each with one line naming the fix.
 
 - an adapter whose ``experts()`` are not three stacked (E, ., .) tensors (experts in a ``ModuleList``:
   ``stacked_experts.stack_experts`` stacks them);
@@ -23,7 +23,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from dtensor_rules.models.ep_adapters import EPAdapter, ExpertWeights
+from dtensor_rules.ep.adapters import EPAdapter, ExpertWeights
 
 __all__ = ["check_block", "mesh_name_error", "check_tokens_before_forward"]
 

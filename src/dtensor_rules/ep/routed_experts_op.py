@@ -12,7 +12,7 @@ Why an op: a solver that enumerates DTensor strategies per op of a traced joint 
 package's ``solver``, AutoParallel) only chooses among the rows one node's rule offers. Traced
 as aten ops (sort, gather, ``_grouped_mm`` with offsets, scatter) no single node can say
 "experts ``Shard(0)``, tokens sent to their owners"; as one op its rule can
-(``dtensor_rules/op_rules/routed_experts.py``), and a solver picks expert parallelism like any other row.
+(``dtensor_rules/ep/routed_experts_rule.py``), and a solver picks expert parallelism like any other row.
 
 What the kernel computes: every expert of ``w1`` on this call's tokens, on plain tensors. That is
 the op's meaning on one device and under every layout whose rows run the op on each rank's
@@ -54,7 +54,7 @@ def _check_experts(w1: Tensor, n_experts: int) -> None:
         raise ValueError(
             f"routed_experts got {w1.shape[0]} of n_experts={n_experts} experts: the experts are split by expert "
             "(the expert-parallel layout), so tokens must travel to the ranks owning their experts, which the op on "
-            "local shards cannot do; run that layout with dtensor_rules.models.expert_parallel "
+            "local shards cannot do; run that layout with dtensor_rules.ep.expert_parallel "
             "(dtensor_rules.solver.apply_choice builds it from a solver's choice)")
 
 
@@ -82,7 +82,7 @@ def routed_experts_local(x: Tensor, idx: Tensor, weights: Tensor, w1: Tensor, w3
                          n_experts: int, alignment: int, gmm_dtype: torch.dtype | None = None) -> Tensor:
     """The op's math on plain tensors holding every expert: group the assignments per expert
     (padded to ``alignment`` rows, ``_grouped_mm``'s layout), SwiGLU, weighted sum per token."""
-    from dtensor_rules.models.ep_local import local_experts
+    from dtensor_rules.ep.local import local_experts
 
     _check_experts(w1, n_experts)
     g = _group(idx, n_experts, alignment)

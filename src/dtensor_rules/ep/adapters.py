@@ -1,4 +1,4 @@
-"""The protocol :func:`~dtensor_rules.models.expert_parallel` reads an MoE module through.
+"""The protocol :func:`~dtensor_rules.ep.expert_parallel` reads an MoE module through.
 
 ``expert_parallel`` needs five things from a block, whatever its attribute names:
 
@@ -116,7 +116,7 @@ class OwnMoEAdapter:
         return self.module.alignment(dtype)
 
     def local_experts(self, x_grouped, offs, w1, w3, w2):
-        from dtensor_rules.models.ep_local import local_experts
+        from dtensor_rules.ep.local import local_experts
 
         return local_experts(x_grouped, offs, w1, w3, w2, self.gmm_dtype)
 
@@ -204,7 +204,7 @@ def resolve_adapter(module: nn.Module, adapter: object | None) -> EPAdapter:
     if not isinstance(adapter, EPAdapter):
         missing = [m for m in _PROTOCOL_MEMBERS if not hasattr(adapter, m)]
         raise TypeError(f"adapter={type(adapter).__qualname__} lacks {missing} of "
-                        "dtensor_rules.models.ep_adapters.EPAdapter (docs/expert_parallel.md, 'Any MoE module')")
+                        "dtensor_rules.ep.adapters.EPAdapter (docs/expert_parallel.md, 'Any MoE module')")
     return adapter
 
 
@@ -220,6 +220,6 @@ def adapter_for(module: nn.Module) -> EPAdapter:
         return TorchtitanMoEAdapter(module)
     raise TypeError(
         f"expert_parallel does not know {type(module).__module__}.{type(module).__qualname__}: pass "
-        "adapter=<an object following dtensor_rules.models.ep_adapters.EPAdapter> (docs/expert_parallel.md, "
+        "adapter=<an object following dtensor_rules.ep.adapters.EPAdapter> (docs/expert_parallel.md, "
         "'Any MoE module'), or give the module an ep_adapter() method"
     )

@@ -17,7 +17,7 @@ forward input's (``rows``), so no new unbacked size appears in the backward grap
 
 The one host read: the ops take the split sizes as host ints (``all_to_all_single`` needs
 them) and read ``splits.tolist()`` inside. Pass ``splits`` as a CPU tensor made by ONE
-device-to-host copy per forward (``models/ep_local.py`` does); then neither op nor either
+device-to-host copy per forward (``ep/local.py`` does); then neither op nor either
 backward syncs. A device ``splits`` also works, at one sync per op call.
 
 ``group`` is a process group's name (``ProcessGroup.group_name``), as funcol's ops take it.
@@ -25,7 +25,7 @@ Under ``LocalTensorMode`` (a simulated mesh) each op runs once on the simulated 
 LocalTensors, its all-to-all simulated across them, never once per rank. Under ``CommDebugMode``
 the all-to-all inside is counted like funcol's (``c10d_functional.all_to_all_single``), registered once
 ``torch.distributed.tensor.debug`` is loaded (:func:`count_under_comm_debug_mode`).
-The DTensor rule is in ``dtensor_rules/op_rules/ep_all_to_all.py``.
+The DTensor rule is in ``dtensor_rules/ep/all_to_all_rule.py``.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def _without_moving(args: tuple[Any, ...], transpose: bool) -> Any:
 
     - A DTensor argument: ``NotImplemented`` (as ``LocalTensorMode`` itself answers a tensor subclass
       it does not know). A mode sees the op before the subclass does, so this hands the call to the
-      DTensor rule (``ops/ep_all_to_all.py``), whose local call comes back to the mode.
+      DTensor rule (``ep/all_to_all_rule.py``), whose local call comes back to the mode.
     - Fake tensors, or LocalTensors of them (that rule's shape step): there are no split sizes to
       read, so the fake implementation answers.
     """

@@ -54,9 +54,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 
 from dtensor_rules._upstream.static_shards import guard_global_sizes
-from dtensor_rules.models.ep_adapters import EPAdapter, adapter_for, resolve_adapter
-from dtensor_rules.models.ep_checks import check_block, check_tokens_before_forward, mesh_name_error
-from dtensor_rules.models.ep_local import ep_routed_experts
+from dtensor_rules.ep.adapters import EPAdapter, adapter_for, resolve_adapter
+from dtensor_rules.ep.checks import check_block, check_tokens_before_forward, mesh_name_error
+from dtensor_rules.ep.local import ep_routed_experts
 
 __all__ = ["EPMesh", "BorrowedEPMesh", "borrowed_ep_mesh", "routed_experts_borrowed", "expert_parallel", "distribute_named", "routed_experts_ep", "token_placements", "expert_param_bytes"]
 

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from dtensor_rules._upstream import funcol
 
 from dtensor_rules.kernels import moe_permute_indices, permuted_length_bound
-from dtensor_rules.kernels.ep_all_to_all import count_under_comm_debug_mode, ep_combine_op, ep_dispatch_op
+from dtensor_rules.ep.all_to_all import count_under_comm_debug_mode, ep_combine_op, ep_dispatch_op
 from dtensor_rules.models.moe import check_compiled_gmm_dtype
 
 # (x_grouped (L, dim), offs (E_l,) int32 group ends, w1, w3, w2 local) -> (L, dim)
