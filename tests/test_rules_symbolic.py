@@ -94,7 +94,7 @@ def test_alignment_filter_never_guards_on_an_unbacked_size() -> None:
     an unbacked K or N either, so this is checked on the filter directly.)"""
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from dtensor_rules.core.grouped_mm_checks import kernel_accepts_layout, shards_accepted_cached
+    from dtensor_rules.kernels.grouped_mm_checks import kernel_accepts_layout, shards_accepted_cached
 
     env = ShapeEnv()
     n = env.create_unbacked_symint()

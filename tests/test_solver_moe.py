@@ -115,7 +115,7 @@ def test_upstream_rules_are_asked_after_uninstall(joint) -> None:
 
 def test_solver_mode_rows_cost_at_most_ten_percent_more_variables_and_no_worse_objective(joint) -> None:
     """Issue 19 item 6 on the small block: ours (trimmed) vs upstream's rules vs ours in full."""
-    from dtensor_rules.core.solver_rows import full_enumeration
+    from dtensor_rules.op_rules._solver_rows import full_enumeration
 
     model, jg = joint
     with fake_world(4):

@@ -47,6 +47,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch._ops import OpOverload
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
+from torch.utils._pytree import tree_leaves
 
 from dtensor_rules._upstream import (
     HANDLERS,
@@ -56,6 +57,7 @@ from dtensor_rules._upstream import (
     OpStrategy,
     RuntimeSchemaInfo,
     ShardingPlaceholder,
+    TensorMeta,
     TupleStrategy,
     clear_sharding_caches,
     measured_verdict,
@@ -64,7 +66,6 @@ from dtensor_rules._upstream import (
     registry,
 )
 from dtensor_rules import patches as _patch_registry
-from dtensor_rules.core.metas import metas as tensor_metas
 from dtensor_rules.dispatch.meta_fallback import set_fallbacks
 from dtensor_rules.dispatch.single_dim import SingleDimStrategy, n_outputs
 from dtensor_rules.costs.op_cost import Formula
@@ -350,6 +351,12 @@ def get_rule(op: Any) -> Rule:
 # --------------------------------------------------------------------------- validation
 def _count_tensor_args(schema: OpSchema) -> int:
     return num_tensor_inputs(schema)
+
+
+def tensor_metas(args: Any) -> list[TensorMeta]:
+    """The ``TensorMeta`` leaves of a single-dim rule's arguments, in order (the rules use it too)."""
+    # TensorMeta is a NamedTuple: stop pytree from flattening it into its fields
+    return [m for m in tree_leaves(args, is_leaf=lambda x: isinstance(x, TensorMeta)) if isinstance(m, TensorMeta)]
 
 
 def check_rows(op: OpOverload, result: Any, args_meta: Any, kwargs_meta: Any, n_out: int) -> None:

@@ -34,7 +34,7 @@ from dtensor_rules._upstream import (
     is_tensor_shardable,
     redistribute_cost,
 )
-from dtensor_rules.core.grouped_mm_checks import chunk_sizes  # torch.chunk's local sizes
+from dtensor_rules.kernels.grouped_mm_checks import chunk_sizes  # torch.chunk's local sizes
 
 Row = list[Any]  # one mesh dim: [*output placements, *input placements] (placeholders allowed)
 Key = tuple[Any, ...]

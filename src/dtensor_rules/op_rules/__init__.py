@@ -1,10 +1,7 @@
-"""Op-family rule modules. Importing this package registers every shipped rule (and
-``_symbolic_tracing``'s patch, which compiled code needs whichever rule is active,
-and ``_hinted_costs``'s, which speeds up compiling whichever rule is active)."""
+"""Op-family rule modules, one file per family (strategies, cost formula, sample suite).
+Importing this package registers every shipped rule, expert parallelism's two ops included."""
 
 from dtensor_rules.op_rules import (  # noqa: F401
-    _hinted_costs,
-    _symbolic_tracing,
     counting,
     fma,
     gather_scatter,

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
-from dtensor_rules.core.metas import metas  # noqa: F401  (re-exported: the rules' tensor-meta helper)
+from dtensor_rules.registry import tensor_metas as metas  # noqa: F401  (the rules' name for it)
 from dtensor_rules._upstream import ShardingPlaceholder
 from torch.distributed.tensor.placement_types import Placement, Replicate
 

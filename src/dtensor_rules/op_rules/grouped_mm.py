@@ -39,7 +39,7 @@ multiple of 16 bytes, and they check it on the layout they are handed. Two mecha
   row-major shards; an uneven all-gather un-pads with ``narrow()``, so a ``(1, 16)`` bf16 ``a``
   gathered over 3 ranks arrives with stride ``(18, 1)``) are fixed by the rule's DTensor handler
   (:func:`grouped_mm_handler`): any local operand the kernel would reject is copied into a
-  padded, aligned buffer (:func:`~dtensor_rules.core.grouped_mm_checks.aligned_copy`) right before the local call.
+  padded, aligned buffer (:func:`~dtensor_rules.kernels.grouped_mm_checks.aligned_copy`) right before the local call.
 
 Misaligned *global* operands still raise torch's own error (the meta step checks the global
 layout). With symbolic sizes the check never guards on an unbacked size: an undecidable split
@@ -105,7 +105,7 @@ from dtensor_rules._upstream import (
     OpStrategy,
     TensorMeta,
 )
-from dtensor_rules.core.grouped_mm_checks import (  # noqa: F401  (kernel_accepts_layout: re-exported)
+from dtensor_rules.kernels.grouped_mm_checks import (  # noqa: F401  (kernel_accepts_layout: re-exported)
     CPU_DTYPES,
     aligned_copy,
     check_call,
@@ -113,7 +113,7 @@ from dtensor_rules.core.grouped_mm_checks import (  # noqa: F401  (kernel_accept
     kernel_accepts_layout,
     shards_accepted_cached,
 )
-from dtensor_rules.core.solver_rows import is_full_enumeration, is_solver_query, trim_strategy
+from dtensor_rules.op_rules._solver_rows import is_full_enumeration, is_solver_query, trim_strategy
 from dtensor_rules.costs._util import CostError, is_concrete, nbytes
 from dtensor_rules.costs.formulas import formula
 from dtensor_rules.costs.op_cost import OpCost
@@ -310,7 +310,7 @@ def grouped_mm_strategy(op_schema: OpSchema) -> OpStrategy:
     reduce_ops = _carried_reduce_ops(a_s, b_s) if same_dtype else ()
     if same_dtype and is_solver_query(inputs):
         # a solver gets the P(sum) linearity rows upstream offers; P(avg) ones (a mean's partial kept
-        # across the experts: no MoE step makes one) only under the full enumeration (core.solver_rows)
+        # across the experts: no MoE step makes one) only under the full enumeration (op_rules._solver_rows)
         reduce_ops = ("sum", "avg") if is_full_enumeration() else ("sum",)
     rows = single_dim_strategies(len(a.shape), len(b.shape), offs is not None, reduce_ops)
     if isinstance(bias_s, OpStrategy):  # the kernels reject bias; only all-Replicate, so torch raises its error

@@ -54,7 +54,7 @@ a ``Replicate`` self or values (``(P, R, P)`` and ``(P, P, R)`` over ``[self, in
 are correct: the mean, max or min of a replicated operand is itself. An eager call holds one
 layout per input, so dispatch takes such a row only where the operand IS replicated, and saves an
 all-reduce there. A solver is offered ``(P, P, P)`` instead and prices the ``Replicate ->
-Partial`` move of that operand itself (:mod:`dtensor_rules.core.solver_rows`): a solver that
+Partial`` move of that operand itself (:mod:`dtensor_rules.op_rules._solver_rows`): a solver that
 prices that move as impossible and a switch of Partial kind as free (AutoParallel) would
 otherwise pass a ``Partial(sum)`` value next to the replicated operand disguised as a mean
 (docs/solver.md, "AutoParallel's free partial switch").

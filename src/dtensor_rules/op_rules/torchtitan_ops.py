@@ -121,7 +121,7 @@ flips the order), S(0) with offsets (above). MLA ops: P(max/min) (the rotation m
 shard of the last dim (rope pairs, the nope/rope split; helion: the rotate-half halves), the cache sharded or Partial (a lookup
 table indexed by position). Partial rows need floating inputs (``partial_ops``).
 
-Registration: a post-import hook (:func:`dtensor_rules.core.post_import.when_imported`) on each
+Registration: a post-import hook (:func:`dtensor_rules._upstream.post_import.when_imported`) on each
 defining module, the named patch ``torchtitan_rules`` (docs/patches.md). Before torchtitan is
 imported, ``status().deferred`` lists the ten rules as waiting, like ``prims.fma``; importing
 the module registers the rule (and installs it if the package's rules are installed).
@@ -142,7 +142,7 @@ import torch
 from torch._ops import OpOverload
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
-from dtensor_rules.core.post_import import when_imported
+from dtensor_rules._upstream.post_import import when_imported
 from dtensor_rules.costs.op_cost import OpCost
 from dtensor_rules.op_rules._common import generator, metas, PlacementOrHole, Samples
 from dtensor_rules.op_rules._partial import partial_ops

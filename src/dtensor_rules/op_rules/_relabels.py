@@ -1,4 +1,4 @@
-"""Rows that relabel a replicated value as a partial one (what solvers are not offered: core.solver_rows).
+"""Rows that relabel a replicated value as a partial one (what solvers are not offered: op_rules._solver_rows).
 
 A row is given as ``(outs, ins)``: one layout (a placement per mesh dim, or ``None`` for an
 output the op does not return) per output and per tensor input. On mesh dim ``m`` it is

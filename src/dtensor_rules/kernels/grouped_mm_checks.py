@@ -1,8 +1,6 @@
 """What the ``_grouped_mm`` kernels accept, as plain predicates shared by the rule, its
-DTensor handler, its meta fallback and its cost formula.
-
-It lives outside ``dtensor_rules.op_rules`` because the cost formula (``costs.formulas.matmul``) uses
-it and costs must not import the op modules (``tests/test_import_graph.py``).
+DTensor handler, its meta fallback and its cost formula (``op_rules/grouped_mm.py``), and by
+dispatch's choice of uneven shards (``chunk_sizes``).
 
 Every predicate is safe on symbolic sizes: a condition that cannot be decided without guarding
 on a data-dependent (unbacked) size counts as *not* accepted (``guard_or_false``), so callers

@@ -50,7 +50,7 @@ from typing import Any
 
 from torch.distributed.tensor.placement_types import Partial
 
-from dtensor_rules.core.relabels import RELABEL_OPS, RowLayouts, relabel_rows
+from dtensor_rules.op_rules._relabels import RELABEL_OPS, RowLayouts, relabel_rows
 
 __all__ = ["DOMINATED_UNLESS_CARRIED", "RELABEL_OPS", "carried_reduce_ops", "full_enumeration", "is_full_enumeration",
            "is_solver_query", "relabel_rows", "set_full_enumeration", "trim_rows", "trim_strategy"]
