@@ -9,30 +9,9 @@
   (:mod:`.routed_experts_op`, rule :mod:`.routed_experts_rule`; :func:`routed_experts_as_op` puts
   it in a block, :mod:`.routed_op`), so a solver is offered expert parallelism as a row;
 - :mod:`.costs`: what each step of the EP path costs.
-
-The names load at first use: ``import dtensor_rules`` registers the two rules (and so defines
-their ops) without loading the region and the model code it needs.
 """
 
-from __future__ import annotations
+from dtensor_rules.ep.expert_parallel import expert_param_bytes, expert_parallel, token_placements
+from dtensor_rules.ep.routed_op import routed_experts_as_op
 
-import importlib
-from typing import Any
-
-_HOME = {
-    "expert_parallel": "expert_parallel", "token_placements": "expert_parallel",
-    "expert_param_bytes": "expert_parallel", "routed_experts_as_op": "routed_op",
-}
-__all__ = list(_HOME)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOME))
+__all__ = ["expert_parallel", "token_placements", "expert_param_bytes", "routed_experts_as_op"]
