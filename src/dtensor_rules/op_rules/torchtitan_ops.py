@@ -146,7 +146,7 @@ from dtensor_rules._upstream.post_import import when_imported
 from dtensor_rules.costs.op_cost import OpCost
 from dtensor_rules.op_rules._common import generator, metas, PlacementOrHole, Samples
 from dtensor_rules.op_rules._partial import partial_ops
-from dtensor_rules.op_rules.gather_scatter import scatter_add_strategy
+from dtensor_rules.op_rules.gather_scatter import scatter_add_strategy, scatter_cost
 from dtensor_rules.patches import guarded
 
 __all__ = ["TORCHTITAN_OPS", "deterministic_scatter_add_strategy", "silu_and_mul_strategy",
