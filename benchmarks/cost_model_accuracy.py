@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 import dtensor_rules  # noqa: F401
-from dtensor_rules.ops.fma import fma as fma_op  # noqa: E402  (defines prims.fma: inductor is imported lazily)
+from dtensor_rules.op_rules.fma import fma as fma_op  # noqa: E402  (defines prims.fma: inductor is imported lazily)
 from dtensor_rules.costs import Hardware, estimate, get_hardware, runtime
 
 aten = torch.ops.aten

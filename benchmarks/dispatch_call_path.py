@@ -45,7 +45,7 @@ def _module(frame: FrameType) -> str | None:
 
 
 def measure(mesh_shape: tuple[int, ...] = (2, 2)) -> CallPath:
-    from dtensor_rules.ops.scan import cumsum_strategy  # the rule (single-dim rows)
+    from dtensor_rules.op_rules.scan import cumsum_strategy  # the rule (single-dim rows)
 
     rule_code = getattr(cumsum_strategy, "__wrapped__", cumsum_strategy).__code__
     with fake_world(mesh_shape[0] * mesh_shape[1]):

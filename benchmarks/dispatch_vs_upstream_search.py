@@ -69,7 +69,7 @@ from dtensor_rules._upstream import (  # noqa: E402
 from dtensor_rules._upstream.planner import plan_uncached  # noqa: E402
 from dtensor_rules.dispatch.greedy import flat_inputs  # noqa: E402
 from dtensor_rules.dispatch.single_dim import SingleDimStrategy  # noqa: E402
-from dtensor_rules.ops.slicing import _cat_call, cat_rows, clear_row_caches, slice_scatter_rows, _scatter_call  # noqa: E402
+from dtensor_rules.op_rules.slicing import _cat_call, cat_rows, clear_row_caches, slice_scatter_rows, _scatter_call  # noqa: E402
 
 aten = torch.ops.aten
 MESHES: tuple[tuple[int, ...], ...] = ((2, 2, 2), (8, 8, 8))

@@ -42,7 +42,8 @@ def _measure(rank: int, world: int, path: str, tokens: int) -> Measure:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import distribute_tensor
 
-    from dtensor_rules.models import MoE, MoEConfig, expert_param_bytes, expert_parallel, shard_moe, token_placements
+    from dtensor_rules.ep import expert_param_bytes, expert_parallel, token_placements
+    from dtensor_rules.models import MoE, MoEConfig, shard_moe
     from dtensor_rules.testing.comm import CommBytesMode
 
     warnings.simplefilter("ignore")

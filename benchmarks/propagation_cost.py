@@ -47,7 +47,7 @@ from dtensor_rules._upstream import (
     recording_strategy_counts,
     unwrap_to_op_info,
 )
-from dtensor_rules.ops.slicing import clear_row_caches
+from dtensor_rules.op_rules.slicing import clear_row_caches
 from dtensor_rules.testing import fake_world
 
 aten = torch.ops.aten

@@ -1,6 +1,6 @@
 """Ours vs upstream torch's sharding rules on the fixed sample suites, same run, same samples.
 
-For every op with a sample suite (src/dtensor_rules/testing/suites), validates both sides against
+For every op with a sample suite (beside its rule in src/dtensor_rules/op_rules), validates both sides against
 ground truth (per-rank simulation) and prints correct / incorrect / missing per op and in total,
 labelled with the running torch version.
 

@@ -8,7 +8,7 @@ producer->consumer move with the ordered-mesh planner, and choose one row per no
 under a per-rank parameter-memory cap. The same trace is solved with our rules installed and
 with upstream's (``dtensor_rules.uninstall()``), priced by the same functions, so the objectives
 compare; "ours-full" is our rules with the solver-mode trim off (the full enumeration switch,
-``dtensor_rules.core.solver_rows``), what solvers got before issue 19 item 6. Printed per mesh: ILP variables and constraints, CBC solve time, query+pricing time,
+``dtensor_rules.op_rules._solver_rows``), what solvers got before issue 19 item 6. Printed per mesh: ILP variables and constraints, CBC solve time, query+pricing time,
 objective (us per step, modelled), and the chosen expert placement; then every parameter's
 layout, run on the small block in fp32 on a simulated mesh of that shape (at most 8 ranks) and
 compared with one device. "ours+EP" adds the expert-parallel rows (``solver/ep_rows.py``: routed-rows
@@ -18,8 +18,8 @@ i.e. expected-uniform routing), so the ILP may choose expert parallelism; "hand 
 combine nodes held to their EP rows, the rest placed by the ILP; no memory cap). "applied" runs the parameter
 layouts (``apply_choice``); an EP choice (experts ``Shard(0)`` on one mesh dim) runs through ``expert_parallel``
 (``apply_choice(..., ep=True)``: tokens by all-to-all, no all-gather of experts), the others through plain DTensor
-dispatch. "op" traces the block with its routed experts as ONE op (``models/routed_op.py``) whose DTensor rule
-offers expert parallelism as a row (``ops/routed_experts.py``), solved by plain strategy enumeration (no graph
+dispatch. "op" traces the block with its routed experts as ONE op (``ep/routed_op.py``) whose DTensor rule
+offers expert parallelism as a row (``ep/routed_experts_rule.py``), solved by plain strategy enumeration (no graph
 pass; the EP row's all-to-alls and host sync priced by ``Pricer.ep_exchange_us``); "op, no EP" withholds that row;
 their "applied" runs the chosen routed-experts row (``solver.ep_row.place_expert_row``: an EP row through
 ``expert_parallel``) on the small block with 64 experts (every ep size of these meshes divides them).
@@ -46,10 +46,10 @@ from torch.distributed.tensor import distribute_tensor
 
 import dtensor_rules
 from dtensor_rules._upstream import per_rank_copies
-from dtensor_rules.core.solver_rows import full_enumeration
+from dtensor_rules.op_rules._solver_rows import full_enumeration
 from dtensor_rules.models.moe import MoE, MoEConfig
-from dtensor_rules.models.routed_op import routed_experts_as_op
-from dtensor_rules.ops.routed_experts import expert_parallel_rows
+from dtensor_rules.ep.routed_op import routed_experts_as_op
+from dtensor_rules.ep.routed_experts_rule import expert_parallel_rows
 from dtensor_rules.solver import apply_choice, choose_placements, trace_joint
 from dtensor_rules.solver.apply import expert_parallel_dim
 from dtensor_rules.solver.ep_row import expert_row, place_expert_row
@@ -64,9 +64,9 @@ SMALL_TOKENS = 64
 MESHES = ((8,), (2, 4), (4, 8))
 # ours: solver-mode rows as shipped; ours+EP: plus the expert-parallel (routed-rows) rows of solver/ep_rows.py;
 # hand EP: expert_parallel's fixed layout (experts Shard(0) on mesh dim 0, TP on dim 1) priced by the same model;
-# ours-full: every row (core.solver_rows.full_enumeration); upstream: torch's rules
-# op / op, no EP: the block with its routed experts as ONE op (models/routed_op.py), traced and solved by plain
-# strategy enumeration (no graph pass): the op's rule offers expert parallelism as a row (ops/routed_experts.py);
+# ours-full: every row (op_rules._solver_rows.full_enumeration); upstream: torch's rules
+# op / op, no EP: the block with its routed experts as ONE op (ep/routed_op.py), traced and solved by plain
+# strategy enumeration (no graph pass): the op's rule offers expert parallelism as a row (ep/routed_experts_rule.py);
 # "op, no EP" withholds that row (what EP itself adds on the same graph)
 RULES = ("ours", "ours+EP", "hand EP", "ours-full", "upstream", "op", "op, no EP")
 OP_RULES = ("op", "op, no EP")

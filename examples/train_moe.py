@@ -33,7 +33,7 @@ each dp rank's loss is that of its own slice of the batch (for ``batch``: its ow
 data-parallel trainer computes it); the one-device oracle computes the same per-slice losses
 and averages them, which is what FSDP2's gradient averaging over dp trains.
 
-Layouts (``dtensor_rules.models.expert_parallel``): experts ``Shard(0)`` on ep (each rank owns
+Layouts (``dtensor_rules.ep.expert_parallel``): experts ``Shard(0)`` on ep (each rank owns
 E/ep experts, tokens travel by all-to-all), hidden dims ``Shard`` on tp, and with a dp dim
 FSDP2 (``fully_shard``) shards every parameter over dp and averages gradients over it. Each dp
 rank trains on its own slice of the batch; the loss printed is the mean over dp.
@@ -67,8 +67,9 @@ def load_torch() -> None:
     import torch
 
     import dtensor_rules  # noqa: F401  (installs the rules)
-    from dtensor_rules.models import MoE, MoEConfig, expert_parallel
-    from dtensor_rules.models.expert_parallel import token_placements
+    from dtensor_rules.ep import expert_parallel
+    from dtensor_rules.models import MoE, MoEConfig
+    from dtensor_rules.ep.expert_parallel import token_placements
 
 
 DIM, HIDDEN, N_EXPERTS, TOKENS, LR, WEIGHT_DECAY, MAX_NORM = 16, 32, 4, 24, 1e-2, 0.1, 0.5

@@ -107,7 +107,7 @@ def run_calls(block: Callable[[Any], Any], model: MoE, ref: MoE, mesh: Any, call
     """
     from torch.distributed.tensor import distribute_tensor
 
-    from dtensor_rules.models import token_placements
+    from dtensor_rules.ep import token_placements
 
     place = token_placements(mesh, tp_dim=tp_dim)
     found: list[str] = []
@@ -133,7 +133,7 @@ def run_calls(block: Callable[[Any], Any], model: MoE, ref: MoE, mesh: Any, call
 
 def deep_ep_copy(ref: MoE, mesh: Any, tp_dim: str | None = None) -> MoE:
     """``expert_parallel`` on a copy of ``ref`` (the oracle keeps its own parameters)."""
-    from dtensor_rules.models import expert_parallel
+    from dtensor_rules.ep import expert_parallel
 
     return expert_parallel(copy.deepcopy(ref), mesh, tp_dim=tp_dim)
 

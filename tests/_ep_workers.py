@@ -73,7 +73,7 @@ def _inputs(dtype: torch.dtype, tokens: int = TOKENS) -> tuple[torch.Tensor, tor
 
 def _result(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], model: MoE, placements: dict[str, str],
             comm: dict, comm_bytes: dict) -> RankResult:
-    from dtensor_rules.models.expert_parallel import expert_param_bytes
+    from dtensor_rules.ep.expert_parallel import expert_param_bytes
 
     diffs = {k: (got[k].float() - want[k].float()).abs().max().item() for k in want}
     bounds = {k: bound(want[k]) for k in want}
@@ -123,7 +123,7 @@ def _gather_calls(mesh) -> dict[str, dict[str, int]]:  # type: ignore[no-untyped
 def _ep_run(mesh, case: str, dtype: torch.dtype) -> RankResult:  # type: ignore[no-untyped-def]
     from torch.distributed.tensor import distribute_tensor
 
-    from dtensor_rules.models.expert_parallel import expert_parallel, token_placements
+    from dtensor_rules.ep.expert_parallel import expert_parallel, token_placements
     from dtensor_rules.testing.comm import CommBytesMode
 
     model = make_model(case, dtype)
@@ -152,7 +152,7 @@ def fsdp_worker(rank: int, world: int, case: str) -> RankResult:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import distribute_tensor
 
-    from dtensor_rules.models.expert_parallel import expert_parallel, token_placements
+    from dtensor_rules.ep.expert_parallel import expert_parallel, token_placements
 
     _quiet()
     dtype = torch.float32

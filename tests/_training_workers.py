@@ -87,7 +87,8 @@ def train_single(opt: str, tokens: int) -> Curve:
 
 def distribute(model: MoE, kind: str, mesh: DeviceMesh) -> MoE:
     """A copy of ``model`` laid out by ``shard_moe`` (the gather path) or ``expert_parallel`` on ``mesh``."""
-    from dtensor_rules.models import expert_parallel, shard_moe
+    from dtensor_rules.ep import expert_parallel
+    from dtensor_rules.models import shard_moe
 
     model = copy.deepcopy(model)
     if kind == "shard_moe":

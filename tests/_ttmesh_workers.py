@@ -89,7 +89,7 @@ def compare_rank(rank: int, world: int, mode: str, rounds: int, sizes: Sizes = S
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from dtensor_rules.models import expert_param_bytes, expert_parallel, token_placements
+    from dtensor_rules.ep import expert_param_bytes, expert_parallel, token_placements
     from dtensor_rules.testing.comm import CommBytesMode
 
     warnings.simplefilter("ignore")

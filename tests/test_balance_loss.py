@@ -22,7 +22,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtensor_rules.models import MoE, MoEConfig, expert_parallel, token_placements
+from dtensor_rules.ep import expert_parallel, token_placements
+from dtensor_rules.models import MoE, MoEConfig
 from dtensor_rules.models.routing import balance_loss
 from dtensor_rules.testing import simulated_mesh
 

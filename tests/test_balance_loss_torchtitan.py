@@ -20,7 +20,8 @@ import torch
 from torch.distributed.tensor import distribute_tensor
 
 import dtensor_rules  # noqa: F401
-from dtensor_rules.models import add_balance_loss, expert_parallel, token_placements
+from dtensor_rules.ep import expert_parallel, token_placements
+from dtensor_rules.models import add_balance_loss
 from dtensor_rules.models.routing import balance_loss
 from dtensor_rules.testing import simulated_mesh
 from tests._torchtitan import torchtitan_moe

@@ -27,8 +27,8 @@ from dtensor_rules._upstream import (
 )
 from dtensor_rules.dispatch.greedy import key, transition_weight
 from dtensor_rules.dispatch.single_dim import aliased_inputs
-from dtensor_rules.ops.fma import fma, fma_strategy
-from dtensor_rules.ops.softmax import SOFTMAX_BACKWARD
+from dtensor_rules.op_rules.fma import fma, fma_strategy
+from dtensor_rules.op_rules.softmax import SOFTMAX_BACKWARD
 from dtensor_rules.registry import get_rule
 from dtensor_rules.testing import fake_world, simulated_mesh
 from dtensor_rules.testing.dispatch import full_value, to_dtensor
@@ -286,23 +286,3 @@ def test_cat_of_many_inputs_that_must_all_move_matches_torch(dim: int) -> None:
         xs = [to_dtensor(t, mesh, layout, salt=i) for i, t in enumerate(tensors)]
         got = full_value(torch.cat(xs, dim))
     torch.testing.assert_close(got, torch.cat(tensors, dim))
-
-
-def test_the_old_compact_package_is_a_warning_alias_of_dispatch() -> None:
-    """#21.5: ``dtensor_rules.compact`` was renamed ``dtensor_rules.dispatch``; old imports keep working,
-    warn naming the new module, and get the new modules themselves (a monkeypatch through the old
-    name reaches the code dispatch runs)."""
-    import importlib
-    import sys
-
-    import dtensor_rules.dispatch.greedy as new_greedy
-    import dtensor_rules.dispatch.single_dim as new_single_dim
-
-    for name in [m for m in sys.modules if m == "dtensor_rules.compact" or m.startswith("dtensor_rules.compact.")]:
-        del sys.modules[name]
-    with pytest.warns(DeprecationWarning, match=r"dtensor_rules\.dispatch"):
-        old_greedy = importlib.import_module("dtensor_rules.compact.greedy")
-    assert old_greedy is new_greedy
-    from dtensor_rules.compact.single_dim import single_dim_op_strategy
-
-    assert single_dim_op_strategy is new_single_dim.single_dim_op_strategy

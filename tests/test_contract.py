@@ -21,9 +21,9 @@ from dtensor_rules.registry import Rule, RuleError
 from dtensor_rules.testing.suites import find_op, samples_for
 
 # defines prims.fma (dtensor_rules does not import inductor): its rule registers then, so it is shipped too
-from dtensor_rules.ops.fma import fma as FMA  # noqa: E402
+from dtensor_rules.op_rules.fma import fma as FMA  # noqa: E402
 
-SHIPPED = sorted((r for r in registry.rules().values() if r.module.startswith("dtensor_rules.ops.")), key=lambda r: str(r.op))
+SHIPPED = sorted((r for r in registry.rules().values() if r.module.startswith("dtensor_rules.op_rules.")), key=lambda r: str(r.op))
 WITH_SAMPLES = [r for r in SHIPPED if r.samples is not None]
 MOE = torch.ops.dtensor_rules.moe_permute_indices.default
 
@@ -119,7 +119,7 @@ def _hand_derived() -> list[tuple[object, tuple, dict, tuple[int, int, int]]]:
          (0, 80 + 16 + 80, 0)),
         (torch.ops.dtensor_rules.ep_combine.default, (_t(3, 4), torch.tensor([[6], [3]]), "0", 6), {},
          (0, 48 + 16 + 96, 0)),
-        # routed experts (ops/routed_experts.py), fp32: 4 tokens of D = 8, top-2 of 2 experts of H = 16, A = 8:
+        # routed experts (ep/routed_experts_rule.py), fp32: 4 tokens of D = 8, top-2 of 2 experts of H = 16, A = 8:
         # padded rows 4*2 + 2*8 = 24; flops 6 * 24 * 8 * 16; read x 128 + idx 64 + 3 experts 3 * 1024 + the
         # gathered rows twice 2 * 24 * 8 * 4 + three (24, 16) activations 3 * 1536; written the grouped output
         # 768 + the activations 4608 + the (4, 8) output 128; the backward twice each

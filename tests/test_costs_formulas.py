@@ -81,7 +81,7 @@ def test_bincount_on_meta_is_marked_estimate() -> None:
 
 
 def test_fma_broadcasts_and_promotes() -> None:
-    from dtensor_rules.ops.fma import fma  # defines prims.fma (dtensor_rules does not import inductor)
+    from dtensor_rules.op_rules.fma import fma  # defines prims.fma (dtensor_rules does not import inductor)
 
     a, b, c = torch.randn(4, 1), torch.randn(1, 6, dtype=torch.float64), torch.randn(6)
     cost = estimate(fma, a, b, c)
@@ -96,7 +96,7 @@ def test_softmax_backward_out_dtype() -> None:
 
 
 def test_rule_formulas_still_work_from_the_ops_modules() -> None:
-    from dtensor_rules.ops.fma import fma
+    from dtensor_rules.op_rules.fma import fma
     from dtensor_rules.registry import get_rule
 
     a = torch.randn(2, 3)

@@ -15,7 +15,7 @@ from dtensor_rules.registry import rules
 from dtensor_rules.testing import fake_world
 
 aten = torch.ops.aten
-from dtensor_rules.ops.fma import fma as FMA  # noqa: E402  (defines prims.fma: dtensor_rules imports inductor lazily)
+from dtensor_rules.op_rules.fma import fma as FMA  # noqa: E402  (defines prims.fma: dtensor_rules imports inductor lazily)
 GOLDEN_HW = Hardware("golden", memory_bandwidth=1e9, vector={"fp32": 1e9}, compute_efficiency=1.0,
                      memory_efficiency=1.0, launch_s=1e-6)
 

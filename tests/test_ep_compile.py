@@ -1,7 +1,7 @@
 """#20.4: the expert-parallel block (``expert_parallel``, all-to-all dispatch) under ``torch.compile(dynamic=True)``.
 
 The token moves are the custom ops ``dtensor_rules::ep_dispatch`` / ``ep_combine``
-(``dtensor_rules.kernels.ep_all_to_all``): one opaque node each, the received row count an
+(``dtensor_rules.ep.all_to_all``): one opaque node each, the received row count an
 unbacked size of the fake implementation, each op the other's backward.
 
 ONE world of 2 gloo ranks (ep = 2) runs every ep-only regime:
@@ -74,7 +74,7 @@ def _run_block(compiled: Any, model: Any, reference: Any, mesh: Any, calls: Any)
     """Call the compiled block per (tokens, bias); compare with the plain one-device ``reference``."""
     from torch.distributed.tensor import distribute_tensor
 
-    from dtensor_rules.models.expert_parallel import token_placements
+    from dtensor_rules.ep.expert_parallel import token_placements
 
     place = token_placements(mesh, tp_dim=None)
     problems: list[str] = []
@@ -108,7 +108,7 @@ def _graphs() -> tuple[int, int]:
 
 def _opcheck(rank: int, group: str) -> None:
     """Both ops through torch.library.opcheck on the real group: rank 1 receives no row."""
-    from dtensor_rules.kernels.ep_all_to_all import ep_combine_op, ep_dispatch_op
+    from dtensor_rules.ep.all_to_all import ep_combine_op, ep_dispatch_op
 
     sent = [[2, 0], [3, 0]]  # sent[s][d]: rows rank s sends rank d
     splits = torch.tensor([sent[rank], [sent[0][rank], sent[1][rank]]])
@@ -121,7 +121,7 @@ def _opcheck(rank: int, group: str) -> None:
 
 def _eager_paths_agree(rank: int, group: Any) -> list[str]:
     """``ep_routed_experts`` with the custom ops equals the funcol path bit for bit (output, every grad)."""
-    from dtensor_rules.models.ep_local import ep_routed_experts
+    from dtensor_rules.ep.local import ep_routed_experts
 
     gen = torch.Generator().manual_seed(100 + rank)
     T, k, E, E_l, H = 9 + 4 * rank, 2, 4, 2, 8
@@ -152,7 +152,7 @@ def _ep_worker(rank: int, world: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     from dtensor_rules.models import MoE, MoEConfig
-    from dtensor_rules.models.expert_parallel import expert_parallel
+    from dtensor_rules.ep.expert_parallel import expert_parallel
 
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("ep",))
     group = mesh.get_group("ep")
@@ -181,7 +181,7 @@ def _rule_on_tp(ep_mesh: Any) -> list[str]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-    from dtensor_rules.kernels.ep_all_to_all import ep_combine_op, ep_dispatch_op
+    from dtensor_rules.ep.all_to_all import ep_combine_op, ep_dispatch_op
 
     mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("tp", "ep"))
     tp, group = mesh["tp"], mesh.get_group("ep").group_name

@@ -19,7 +19,8 @@ from torch import nn
 from torch.distributed.tensor import distribute_tensor
 
 import dtensor_rules  # noqa: F401
-from dtensor_rules.models import alignment_for, expert_parallel, token_placements
+from dtensor_rules.ep import expert_parallel, token_placements
+from dtensor_rules.models import alignment_for
 from dtensor_rules.models.stacked_experts import stack_experts
 from dtensor_rules.testing import simulated_mesh
 

@@ -1,7 +1,7 @@
 """The EP token moves (``dtensor_rules::ep_dispatch`` / ``ep_combine``) called with DTensors on a simulated mesh.
 
 ``LocalTensorMode`` (the simulated mesh) sees a custom op before the DTensor subclass does, so the
-ops' simulated body must hand a DTensor call to the DTensor rule (``ops/ep_all_to_all.py``) and run
+ops' simulated body must hand a DTensor call to the DTensor rule (``ep/all_to_all_rule.py``) and run
 on the LocalTensors it passes down. Mesh ``("tp", "ep") = (2, 2)``: the ops' group is the 2-rank ep
 dim (a real simulated all-to-all), the DTensor lives on the tp dim; ``CommDebugMode`` (another mode
 that sees the op first) counts the one all-to-all. Oracle: the rows each ep rank
@@ -17,7 +17,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 import dtensor_rules  # noqa: F401  (installs the rules)
 from dtensor_rules._upstream import LocalTensor, rank_tensors
-from dtensor_rules.kernels.ep_all_to_all import ep_combine_op, ep_dispatch_op
+from dtensor_rules.ep.all_to_all import ep_combine_op, ep_dispatch_op
 from dtensor_rules.testing import simulated_mesh
 
 D = 6

@@ -1,4 +1,4 @@
-"""Expert parallelism (``dtensor_rules.models.expert_parallel``) on real gloo ranks.
+"""Expert parallelism (``dtensor_rules.ep.expert_parallel``) on real gloo ranks.
 
 Each gloo launch runs several cases (spawning ranks is the slow part); module-scoped
 fixtures launch once and the tests read the per-rank results:

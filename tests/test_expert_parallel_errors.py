@@ -18,9 +18,10 @@ from torch import nn
 from torch.distributed.tensor import distribute_tensor
 
 import dtensor_rules  # noqa: F401
-from dtensor_rules.models import MoE, MoEConfig, expert_parallel, shard_moe, token_placements
-from dtensor_rules.models.ep_adapters import OwnMoEAdapter
-from dtensor_rules.models.ep_local import local_experts
+from dtensor_rules.ep import expert_parallel, token_placements
+from dtensor_rules.models import MoE, MoEConfig, shard_moe
+from dtensor_rules.ep.adapters import OwnMoEAdapter
+from dtensor_rules.ep.local import local_experts
 from dtensor_rules.testing import simulated_mesh
 
 CFG = dict(dim=16, hidden=32, n_experts=4, top_k=2)

@@ -13,7 +13,7 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from dtensor_rules._upstream import per_rank_copies
 from dtensor_rules.models import MoE, MoEConfig
-from dtensor_rules.models.expert_parallel import expert_parallel, token_placements
+from dtensor_rules.ep.expert_parallel import expert_parallel, token_placements
 from dtensor_rules.testing import simulated_mesh
 
 CONFIG = MoEConfig(dim=8, hidden=16, n_experts=4, top_k=2)

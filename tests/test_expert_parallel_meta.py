@@ -16,7 +16,7 @@ import torch
 from torch.distributed.tensor import DTensor, Partial, distribute_tensor
 
 import dtensor_rules  # noqa: F401
-from dtensor_rules.models import expert_parallel, token_placements
+from dtensor_rules.ep import expert_parallel, token_placements
 from dtensor_rules.testing import simulated_mesh
 from tests._torchtitan import torchtitan_moe
 

@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 from torch.distributed._local_tensor import LocalTensor
 
 import dtensor_rules  # noqa: F401
-from dtensor_rules.models import MoE, MoEConfig, expert_parallel, token_placements
-from dtensor_rules.models.ep_local import exchange_counts
+from dtensor_rules.ep import expert_parallel, token_placements
+from dtensor_rules.models import MoE, MoEConfig
+from dtensor_rules.ep.local import exchange_counts
 from dtensor_rules.testing import simulated_mesh
 
 
@@ -118,7 +119,7 @@ def test_byte_formulas_match_what_one_step_measures(ep: int, T: int, k: int, see
     """``ep_step_cost`` bytes against ``CommBytesMode`` (rank 0) for one forward; no shrinking (slow here)."""
     from torch.distributed.tensor import distribute_tensor
 
-    from dtensor_rules.models.ep_costs import ep_step_cost
+    from dtensor_rules.ep.costs import ep_step_cost
     from dtensor_rules.testing.comm import CommBytesMode
 
     E, D, H = 2 * ep, 8, 16
@@ -141,8 +142,8 @@ def test_flop_formula_matches_flop_counter() -> None:
     """``ep_step_cost`` expert flops against FlopCounterMode (the package's _grouped_mm formula) on one rank's experts."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from dtensor_rules.models.ep_costs import ep_step_cost
-    from dtensor_rules.models.ep_local import local_experts
+    from dtensor_rules.ep.costs import ep_step_cost
+    from dtensor_rules.ep.local import local_experts
 
     E_l, D, H = 3, 8, 16
     offs = torch.tensor([8, 8, 24], dtype=torch.int32)  # an empty middle expert; 24 padded rows

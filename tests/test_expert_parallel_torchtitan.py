@@ -23,8 +23,8 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
 import dtensor_rules  # noqa: F401
-from dtensor_rules.models import expert_param_bytes, expert_parallel, token_placements
-from dtensor_rules.models.ep_adapters import EPAdapter, TorchtitanMoEAdapter, adapter_for
+from dtensor_rules.ep import expert_param_bytes, expert_parallel, token_placements
+from dtensor_rules.ep.adapters import EPAdapter, TorchtitanMoEAdapter, adapter_for
 from dtensor_rules.testing import simulated_mesh
 from tests._torchtitan import require_torchtitan, torchtitan_moe
 

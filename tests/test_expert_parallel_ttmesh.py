@@ -19,7 +19,8 @@ from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tenso
 from torch.distributed.tensor.debug import CommDebugMode
 
 import dtensor_rules  # noqa: F401
-from dtensor_rules.models import MoE, MoEConfig, expert_param_bytes, expert_parallel, token_placements
+from dtensor_rules.ep import expert_param_bytes, expert_parallel, token_placements
+from dtensor_rules.models import MoE, MoEConfig
 from dtensor_rules.testing import run_gloo, simulated_mesh
 from tests._torchtitan import require_torchtitan, torchtitan_moe
 

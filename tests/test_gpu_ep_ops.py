@@ -30,7 +30,7 @@ DIM, HIDDEN, E, K, T = 16, 32, 4, 2, 11
 
 def _moves(x: torch.Tensor, cot: torch.Tensor, splits: torch.Tensor, group: str) -> list[torch.Tensor]:
     """dispatch, then combine of the received rows x 2; backward of (combined * cot).sum()."""
-    from dtensor_rules.kernels.ep_all_to_all import ep_combine_op, ep_dispatch_op
+    from dtensor_rules.ep.all_to_all import ep_combine_op, ep_dispatch_op
 
     leaf = x.detach().clone().requires_grad_()
     received = ep_dispatch_op(leaf, splits, group)
@@ -41,7 +41,7 @@ def _moves(x: torch.Tensor, cot: torch.Tensor, splits: torch.Tensor, group: str)
 
 def _routed(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, ws: list[torch.Tensor],
             group: Any) -> list[torch.Tensor]:
-    from dtensor_rules.models.ep_local import ep_routed_experts
+    from dtensor_rules.ep.local import ep_routed_experts
 
     leaves = [t.detach().clone().requires_grad_() for t in (x, weights, *ws)]
     out = ep_routed_experts(leaves[0], idx, *leaves[1:], n_experts=E, alignment=8, group=group,
@@ -55,7 +55,7 @@ def _device_worker(rank: int, world: int, device: str = "cuda", backend: str = "
     import torch.distributed as dist
 
     import dtensor_rules  # noqa: F401  (a fresh process: install the rules)
-    from dtensor_rules.kernels.ep_all_to_all import ep_combine_op, ep_dispatch_op
+    from dtensor_rules.ep.all_to_all import ep_combine_op, ep_dispatch_op
 
     if device == "cuda":
         torch.cuda.set_device(0)

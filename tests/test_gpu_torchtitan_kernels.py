@@ -19,8 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from dtensor_rules.core.suite_ref import suite
-from dtensor_rules.ops.torchtitan_ops import TORCHTITAN_OPS
+from dtensor_rules.op_rules.torchtitan_ops import TORCHTITAN_OPS
 from tests._gpu import GPU
 from tests._torchtitan import require_torchtitan
 from tests._torchtitan_cpu_kernels import (fused_mla_k_rope_cpu, fused_mla_kv_backward_cpu, fused_mla_q_rope_cpu,
@@ -49,7 +48,7 @@ HELION = tuple(f"helion_{kind}_rope_{d}" for kind in ("cossin", "complex") for d
 def _samples(name: str) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     """The op's own sample suite: the inputs its rule is proved on."""
     (spec,) = (s for s in TORCHTITAN_OPS if s.name == name)
-    return list(suite("torchtitan", spec.samples)())
+    return list(spec.samples())
 
 
 def _to(args: tuple[Any, ...], device: torch.device) -> tuple[Any, ...]:

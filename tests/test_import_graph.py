@@ -1,10 +1,10 @@
 """No import cycles among the package's modules, and the layers' direction (checked statically, ast).
 
-Direction: ops -> registry, ops -> costs, registry -> costs, testing -> the product. So:
-costs never imports the registry or ops; the registry never imports ops; the suites never
-import ops; the planner (redistribute) imports none of the rule machinery; and the product
+Direction: op_rules -> registry, op_rules -> costs, registry -> costs, testing -> the product. So:
+costs never imports the registry or op_rules; the registry never imports op_rules; the planner
+(redistribute) imports none of the rule machinery; and the product
 (everything but the test kit ``testing/`` and the face ``cli/``) never imports the test kit: a
-rule names its samples (``core.suite_ref.suite``), loaded when a checking tool calls them. Beyond
+rule's sample suite is a plain function beside it, so the product carries it without the kit. Beyond
 that, no module may reach itself through imports (``import_cycles``). Every import counts,
 function-level ones included (a lazy import is still a cycle).
 """
@@ -58,7 +58,7 @@ PRODUCT = sorted(p.name for p in PACKAGE.iterdir() if p.name not in ("testing", 
 
 
 def test_the_product_list_holds_the_rules() -> None:
-    assert {"ops", "registry.py", "core", "costs", "__init__.py"} <= set(PRODUCT), PRODUCT
+    assert {"op_rules", "registry.py", "ep", "costs", "__init__.py"} <= set(PRODUCT), PRODUCT
 
 
 def _files(sub: str) -> list[Path]:
@@ -69,11 +69,10 @@ def _files(sub: str) -> list[Path]:
 @pytest.mark.parametrize(
     "files, forbidden",
     [
-        ("costs", ("dtensor_rules.registry", "dtensor_rules.ops")),
-        ("registry.py", ("dtensor_rules.ops",)),
-        ("testing/suites", ("dtensor_rules.ops",)),
+        ("costs", ("dtensor_rules.registry", "dtensor_rules.op_rules")),
+        ("registry.py", ("dtensor_rules.op_rules",)),
         # the planner registers its torch patches through dtensor_rules.patches, not the rule registry
-        ("redistribute", ("dtensor_rules.registry", "dtensor_rules.ops", "dtensor_rules.dispatch")),
+        ("redistribute", ("dtensor_rules.registry", "dtensor_rules.op_rules", "dtensor_rules.dispatch")),
         *[(part, ("dtensor_rules.testing",)) for part in PRODUCT],
     ],
 )

@@ -13,7 +13,7 @@ from dtensor_rules._upstream import ShardingPlaceholder
 import dtensor_rules
 from dtensor_rules import registry
 from dtensor_rules.kernels import moe_permute_indices
-from dtensor_rules.ops.moe_index import moe_permute_indices_strategy
+from dtensor_rules.op_rules.moe_index import moe_permute_indices_strategy
 from dtensor_rules.testing import check_rule, simulated_mesh
 
 OP = torch.ops.dtensor_rules.moe_permute_indices.default

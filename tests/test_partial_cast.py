@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import assume, given, strategies as st
 
-from dtensor_rules.ops._partial import partial_survives_cast
+from dtensor_rules.op_rules._partial import partial_survives_cast
 from tests._examples import scaled
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool]

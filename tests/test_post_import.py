@@ -1,4 +1,4 @@
-"""The post-import hook (``src/dtensor_rules/core/post_import.py``) on a throwaway module: the callback runs
+"""The post-import hook (``src/dtensor_rules/_upstream/post_import.py``) on a throwaway module: the callback runs
 once, right after the module body, with the module; cancel() forgets it; the real loader stays visible."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dtensor_rules.core import post_import as _post_import
-from dtensor_rules.core.post_import import when_imported
+from dtensor_rules._upstream import post_import as _post_import
+from dtensor_rules._upstream.post_import import when_imported
 
 
 @pytest.fixture

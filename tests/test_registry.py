@@ -16,7 +16,7 @@ from dtensor_rules._upstream import TORCH_VERSION
 from dtensor_rules.registry import RuleError
 from tests._fresh import run_python
 
-from dtensor_rules.ops.fma import fma as FMA  # noqa: E402  (defines prims.fma: inductor, imported lazily by dtensor_rules)
+from dtensor_rules.op_rules.fma import fma as FMA  # noqa: E402  (defines prims.fma: inductor, imported lazily by dtensor_rules)
 SBD = torch.ops.aten._softmax_backward_data.default
 SBD_OUT = torch.ops.aten._softmax_backward_data.out
 ARGSORT = torch.ops.aten.argsort.default
@@ -206,7 +206,7 @@ def test_install_of_an_op_without_rule_is_rejected():
 
 def test_rules_carry_doc_module_cost_and_samples():
     rule = registry.get_rule(FMA)
-    assert rule.module == "dtensor_rules.ops.fma"
+    assert rule.module == "dtensor_rules.op_rules.fma"
     assert "Pointwise" in rule.doc
     a = torch.empty(4, 6, device="meta")
     assert rule.cost(FMA, (a, a, a), {}).flops == 2 * 24

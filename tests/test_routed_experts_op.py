@@ -12,10 +12,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
 from dtensor_rules._upstream import per_rank_copies
-from dtensor_rules.kernels.routed_experts_op import routed_experts_op
+from dtensor_rules.ep.routed_experts_op import routed_experts_op
 from dtensor_rules.models.moe import MoE, MoEConfig, distribute_params
-from dtensor_rules.models.routed_op import routed_experts_as_op
-from dtensor_rules.ops.routed_experts import ROUTED_EXPERTS, ROUTED_EXPERTS_BACKWARD
+from dtensor_rules.ep.routed_op import routed_experts_as_op
+from dtensor_rules.ep.routed_experts_rule import ROUTED_EXPERTS, ROUTED_EXPERTS_BACKWARD
 from dtensor_rules.solver import query_graph, trace_joint
 from dtensor_rules.testing import fake_world, simulated_mesh
 

@@ -68,7 +68,7 @@ def test_aliased_overload_sound(op: torch._ops.OpOverload) -> None:
         if func in registry.rules():
             functional = check_rule(func, args, kwargs, (2,))
             if aliasing(op, Sample(a, k)).out:
-                # less the masked layouts: only a functional gather's dispatch makes the mask (ops/gather_mask.py)
+                # less the masked layouts: only a functional gather's dispatch makes the mask (op_rules/gather_mask.py)
                 masked = sum(any(is_mask(p) for pl in c[1] for p in pl) for c in emitted(func, args, kwargs))
                 assert (report.ours.correct, report.ours.missing) == (functional.ours.correct - masked, functional.ours.missing)
             else:  # in-place: the functional layouts whose output is laid out like self

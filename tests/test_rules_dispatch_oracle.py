@@ -19,7 +19,7 @@ from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
 import dtensor_rules  # noqa: F401  (installs the rules)
 from dtensor_rules import registry
-from dtensor_rules.ops.fma import fma  # noqa: F401  (defines prims.fma, which registers its rule)
+from dtensor_rules.op_rules.fma import fma  # noqa: F401  (defines prims.fma, which registers its rule)
 from dtensor_rules.testing import simulated_mesh
 from dtensor_rules.testing.aliasing import _written_args, aliased_sample, aliasing, functional_counterpart, with_sized_outs
 from dtensor_rules.testing.dispatch import pick_layouts, sharded_call
@@ -36,13 +36,13 @@ SAMPLES_PER_OP = 2
 # moves are collectives over a named process group: tests/test_ep_compile.py runs them on gloo ranks;
 # the routed-experts op's expert-parallel row runs only through expert_parallel:
 # tests/test_routed_experts_op.py runs every other row through dispatch against one device
-ELSEWHERE = ("dtensor_rules.ops.torchtitan_ops", "dtensor_rules.ops.ep_all_to_all", "dtensor_rules.ops.routed_experts")
+ELSEWHERE = ("dtensor_rules.op_rules.torchtitan_ops", "dtensor_rules.ep.all_to_all_rule", "dtensor_rules.ep.routed_experts_rule")
 
 
 def _shipped() -> list[torch._ops.OpOverload]:
     """The ops the package registers (not the custom ops other tests register for a while)."""
     return sorted((op for op, r in registry.rules().items()
-                   if r.module.startswith("dtensor_rules.ops") and r.module not in ELSEWHERE), key=str)
+                   if r.module.startswith("dtensor_rules.op_rules") and r.module not in ELSEWHERE), key=str)
 
 
 SHIPPED = _shipped()

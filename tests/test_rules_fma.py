@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtensor_rules.ops.fma import fma
+from dtensor_rules.op_rules.fma import fma
 from dtensor_rules.testing import strategies as dst
 from dtensor_rules.testing.tables import strategy_table
 from tests._rule_checks import assert_dispatch_matches, assert_rule_sound_and_complete

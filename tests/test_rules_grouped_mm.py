@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import dtensor_rules  # noqa: F401  (installs our rules and the meta fallback)
-from dtensor_rules.ops.grouped_mm import GROUPED_MM, kernel_accepts_layout
+from dtensor_rules.op_rules.grouped_mm import GROUPED_MM, kernel_accepts_layout
 from dtensor_rules.testing import check_rule, check_samples, simulated_mesh
 from dtensor_rules.testing.suites import samples_for
 from dtensor_rules.testing.tables import strategy_table

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 import dtensor_rules  # noqa: F401  (installs our rules, the handler and the meta fallback)
-from dtensor_rules.core.grouped_mm_checks import aligned_copy, kernel_accepts_layout
-from dtensor_rules.ops.grouped_mm import GROUPED_MM, single_dim_strategies
+from dtensor_rules.kernels.grouped_mm_checks import aligned_copy, kernel_accepts_layout
+from dtensor_rules.op_rules.grouped_mm import GROUPED_MM, single_dim_strategies
 from dtensor_rules.testing import simulated_mesh
 from dtensor_rules.testing.dispatch import full_value, to_dtensor
 

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 import dtensor_rules  # noqa: F401  (installs our rules and the handler)
-from dtensor_rules.ops.grouped_mm import GROUPED_MM
-from dtensor_rules.core.grouped_mm_checks import aligned_copy, chunk_sizes, kernel_accepts_layout
+from dtensor_rules.op_rules.grouped_mm import GROUPED_MM
+from dtensor_rules.kernels.grouped_mm_checks import aligned_copy, chunk_sizes, kernel_accepts_layout
 from dtensor_rules.testing import simulated_mesh
 from dtensor_rules.testing.dispatch import full_value, to_dtensor
 from tests.test_rules_grouped_mm import _runs

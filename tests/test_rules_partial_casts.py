@@ -20,10 +20,10 @@ from torch.distributed.tensor import Partial
 
 import dtensor_rules  # noqa: F401
 from dtensor_rules._upstream import TensorMeta
-from dtensor_rules.ops._partial import partial_survives_cast
-from dtensor_rules.ops.fma import fma, fma_rows
-from dtensor_rules.ops.grouped_mm import GROUPED_MM
-from dtensor_rules.ops.softmax import SOFTMAX_BACKWARD, softmax_backward_strategy
+from dtensor_rules.op_rules._partial import partial_survives_cast
+from dtensor_rules.op_rules.fma import fma, fma_rows
+from dtensor_rules.op_rules.grouped_mm import GROUPED_MM
+from dtensor_rules.op_rules.softmax import SOFTMAX_BACKWARD, softmax_backward_strategy
 from dtensor_rules.testing.tables import strategy_table
 from tests._examples import scaled
 

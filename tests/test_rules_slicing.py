@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
 import dtensor_rules  # noqa: F401  (installs the rules)
-from dtensor_rules.ops.slicing import CAT, SLICE_SCATTER
+from dtensor_rules.op_rules.slicing import CAT, SLICE_SCATTER
 from dtensor_rules.testing import check_rule, check_samples, simulated_mesh
 from dtensor_rules.testing import strategies as dst
 from dtensor_rules.testing.dispatch import to_dtensor

@@ -14,7 +14,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 
 import dtensor_rules  # noqa: F401  (installs the rules)
 from dtensor_rules._upstream import DTensorSpec, OpSchema, OpSpec, OpStrategy, RuntimeSchemaInfo, TensorMeta, TupleStrategy
-from dtensor_rules.ops.slicing import CatCall, cat_rows, cat_strategy, slice_scatter_strategy
+from dtensor_rules.op_rules.slicing import CatCall, cat_rows, cat_strategy, slice_scatter_strategy
 from dtensor_rules.testing import fake_world, simulated_mesh
 from dtensor_rules.testing.dispatch import full_value, to_dtensor
 

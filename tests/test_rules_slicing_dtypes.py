@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 import dtensor_rules  # noqa: F401  (installs the rules)
 from dtensor_rules._upstream import LocalTensor
-from dtensor_rules.ops._casts import cast_partial_ops, monotone_cast
+from dtensor_rules.op_rules._casts import cast_partial_ops, monotone_cast
 from dtensor_rules.testing import check_rule, simulated_mesh
 from dtensor_rules.testing.dispatch import full_value, to_dtensor
 from dtensor_rules.testing.tables import emitted

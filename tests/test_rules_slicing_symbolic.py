@@ -14,7 +14,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 import dtensor_rules  # noqa: F401  (installs the rules)
-from dtensor_rules.ops.slicing import slice_facts
+from dtensor_rules.op_rules.slicing import slice_facts
 from dtensor_rules.testing import fake_world
 
 pytestmark = pytest.mark.slow  # see pyproject.toml

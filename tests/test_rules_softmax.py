@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
-from dtensor_rules.ops.softmax import SOFTMAX_BACKWARD
+from dtensor_rules.op_rules.softmax import SOFTMAX_BACKWARD
 from dtensor_rules.testing import simulated_mesh
 from dtensor_rules.testing import strategies as dst
 from dtensor_rules.testing.dispatch import full_value, to_dtensor

@@ -18,9 +18,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 import dtensor_rules  # noqa: F401
-from dtensor_rules.ops.fma import fma
-from dtensor_rules.ops.grouped_mm import GROUPED_MM
-from dtensor_rules.ops.softmax import SOFTMAX_BACKWARD
+from dtensor_rules.op_rules.fma import fma
+from dtensor_rules.op_rules.grouped_mm import GROUPED_MM
+from dtensor_rules.op_rules.softmax import SOFTMAX_BACKWARD
 from dtensor_rules.testing import fake_world
 
 pytestmark = pytest.mark.slow  # see pyproject.toml
@@ -94,7 +94,7 @@ def test_alignment_filter_never_guards_on_an_unbacked_size() -> None:
     an unbacked K or N either, so this is checked on the filter directly.)"""
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from dtensor_rules.core.grouped_mm_checks import kernel_accepts_layout, shards_accepted_cached
+    from dtensor_rules.kernels.grouped_mm_checks import kernel_accepts_layout, shards_accepted_cached
 
     env = ShapeEnv()
     n = env.create_unbacked_symint()

@@ -78,7 +78,8 @@ def test_data_drawn_inside_the_mesh_trains_like_one_device() -> None:
     """A loop that draws each batch inside the simulated mesh from a seeded generator."""
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from dtensor_rules.models import MoE, MoEConfig, expert_parallel
+    from dtensor_rules.ep import expert_parallel
+    from dtensor_rules.models import MoE, MoEConfig
 
     def model() -> MoE:
         m = MoE(MoEConfig(dim=8, hidden=16, n_experts=4, top_k=2))

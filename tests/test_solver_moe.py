@@ -115,7 +115,7 @@ def test_upstream_rules_are_asked_after_uninstall(joint) -> None:
 
 def test_solver_mode_rows_cost_at_most_ten_percent_more_variables_and_no_worse_objective(joint) -> None:
     """Issue 19 item 6 on the small block: ours (trimmed) vs upstream's rules vs ours in full."""
-    from dtensor_rules.core.solver_rows import full_enumeration
+    from dtensor_rules.op_rules._solver_rows import full_enumeration
 
     model, jg = joint
     with fake_world(4):
@@ -350,7 +350,7 @@ class _MetaMoE(MoE):
 
 def _op_joint(tokens: int):
     """The DeepSeek-V2-Lite-sized block (meta: sizes only) with its routed experts as one op."""
-    from dtensor_rules.models.routed_op import routed_experts_as_op
+    from dtensor_rules.ep.routed_op import routed_experts_as_op
 
     with torch.device("meta"):
         model = _MetaMoE(LITE_OP)
@@ -367,7 +367,7 @@ def test_the_routed_experts_rule_lets_plain_enumeration_choose_expert_parallel_a
     """Offered EP only by the op's rule, the ILP puts the experts Shard(0) on every mesh dim with the
     tokens Shard(0) everywhere (torchtitan's model), cheaper than without that row; the choice, run
     through expert_parallel on a small fp32 block, equals one device (output and gradients)."""
-    from dtensor_rules.ops.routed_experts import expert_parallel_rows
+    from dtensor_rules.ep.routed_experts_rule import expert_parallel_rows
     from dtensor_rules.solver.ep_row import expert_row, place_expert_row
 
     model, x, jg = _op_joint(tokens)

@@ -13,7 +13,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from dtensor_rules._upstream import (
     DTensorSpec, OpSchema, OpSpec, OpStrategy, RuntimeSchemaInfo, TensorMeta, TupleStrategy, propagator,
 )
-from dtensor_rules.core.solver_rows import full_enumeration, is_full_enumeration  # importing the package installs the rules
+from dtensor_rules.op_rules._solver_rows import full_enumeration, is_full_enumeration  # importing the package installs the rules
 from dtensor_rules.testing import fake_world
 
 aten = torch.ops.aten

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from dtensor_rules import registry
-from dtensor_rules.models.expert_parallel import distribute_named
+from dtensor_rules.ep.expert_parallel import distribute_named
 from dtensor_rules.testing import simulated_mesh
 from tests._torchtitan import require_torchtitan, torchtitan_moe
 
@@ -85,7 +85,7 @@ def _run(mesh_shape: tuple[int, ...], dtype: torch.dtype) -> tuple[dict, dict]:
 def test_torchtitan_moe_on_dtensors_equals_one_device(mesh_shape: tuple[int, ...], dtype: torch.dtype) -> None:
     require_torchtitan("torchtitan.ops.scatter_add")
     op = torch.ops.torchtitan.deterministic_scatter_add.default
-    assert registry.get_rule(op).module == "dtensor_rules.ops.torchtitan_ops"
+    assert registry.get_rule(op).module == "dtensor_rules.op_rules.torchtitan_ops"
     got, want = _run(mesh_shape, dtype)
     exact = dtype == torch.float32 and len(mesh_shape) == 1
     for name, w in want.items():

@@ -1,4 +1,4 @@
-"""DTensor rules for torchtitan's custom ops (``dtensor_rules.ops.torchtitan_ops``).
+"""DTensor rules for torchtitan's custom ops (``dtensor_rules.op_rules.torchtitan_ops``).
 
 - registration: before torchtitan is imported ``status()`` lists the rules as deferred (a fresh
   interpreter); importing the defining module registers and installs them;
@@ -116,7 +116,7 @@ def test_rule_matches_ground_truth(titan_ops: dict, name: str, mesh_shape: tuple
     correct, and no layout that ground truth accepts is missing (bf16 and offsets samples included;
     every sample on the 1-D mesh, the first on 2x2, where a sample costs ~3 s)."""
     op = _op(titan_ops, name)
-    assert registry.get_rule(op).module == "dtensor_rules.ops.torchtitan_ops"
+    assert registry.get_rule(op).module == "dtensor_rules.op_rules.torchtitan_ops"
     for sample in _samples(op)[: 1 if len(mesh_shape) > 1 else None]:
         report = check_rule(op, sample.args, sample.kwargs, mesh_shape)
         has_offsets = name != "deterministic_scatter_add" and len(sample.tensors()) > (3 if "backward" in name else 2)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from dtensor_rules import patches
-from dtensor_rules.core.simulated_rng import UPSTREAM_GAP as SIMULATED_RNG_GAP
+from dtensor_rules.testing.simulated_rng import UPSTREAM_GAP as SIMULATED_RNG_GAP
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ import dtensor_rules
 from dtensor_rules import registry
 from dtensor_rules._upstream import TESTED_TORCH, TORCH_VERSION
 from dtensor_rules._upstream.measured import REGENERATE, decide, load, verdict
-from dtensor_rules.ops.fma import fma  # defines prims.fma (lazily registered rule)
+from dtensor_rules.op_rules.fma import fma  # defines prims.fma (lazily registered rule)
 from dtensor_rules.testing import measure
 
 aten = torch.ops.aten

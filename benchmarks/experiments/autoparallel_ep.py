@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> None:
 
     import dtensor_rules
     from dtensor_rules.models.moe import MoE, MoEConfig
-    from dtensor_rules.models.routed_op import routed_experts_as_op
-    from dtensor_rules.ops.routed_experts import EXPERT_ARGS
+    from dtensor_rules.ep.routed_op import routed_experts_as_op
+    from dtensor_rules.ep.routed_experts_rule import EXPERT_ARGS
 
     shape = tuple(int(s) for s in args.mesh.split("x"))
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=math.prod(shape))
@@ -167,8 +167,8 @@ def _ep_forward(args: tuple) -> "torch.Tensor":
     """The EP forward on this rank's shards: ``expert_parallel``'s local step over the ep dims' group."""
     from torch.distributed.tensor import DTensor
 
-    from dtensor_rules.models.ep_local import ep_routed_experts
-    from dtensor_rules.models.expert_parallel import borrowed_ep_mesh
+    from dtensor_rules.ep.local import ep_routed_experts
+    from dtensor_rules.ep.expert_parallel import borrowed_ep_mesh
 
     x, idx, weights, w1, w3, w2, n_experts, alignment, gmm_dtype = args
     mesh = x.device_mesh
@@ -190,7 +190,7 @@ def _install_probe(reached: list[str], ep_forward: bool = False) -> None:
     from torch.utils._pytree import tree_map_only
 
     from autoparallel.apply_sharding import ApplyShardingInterpreter
-    from dtensor_rules.ops.routed_experts import ROUTED_EXPERTS, ROUTED_EXPERTS_BACKWARD
+    from dtensor_rules.ep.routed_experts_rule import ROUTED_EXPERTS, ROUTED_EXPERTS_BACKWARD
 
     handlers = DTensor._op_dispatcher._custom_op_handlers
     plain = Interpreter.call_function

@@ -1,7 +1,7 @@
 """dtensor_rules: complete, proven DTensor sharding rules for MoE ops, cost formulas,
 and an ordered-mesh redistribute planner.
 
-``import dtensor_rules`` registers the shipped rules (it imports :mod:`dtensor_rules.ops`,
+``import dtensor_rules`` registers the shipped rules (it imports :mod:`dtensor_rules.op_rules`,
 whose modules each state their ops' contracts with ``register(...)``; the registry imports no
 op module) and installs them into DTensor's dispatch (policy "measured": ours where upstream
 has no rule, or where ours is measured strictly better on this torch release; ``status()``
@@ -71,7 +71,8 @@ def load() -> None:
         return
     _loaded = True
     _check_torch()
-    from dtensor_rules import ops  # noqa: F401  (the one place that loads the shipped rules)
+    from dtensor_rules import compile_patches  # noqa: F401  (registers what compiled DTensor code needs)
+    from dtensor_rules import op_rules  # noqa: F401  (the one place that loads the shipped rules)
     from dtensor_rules import registry
     from dtensor_rules.redistribute import distribute_tensor, plan
     from dtensor_rules.redistribute import redistribute as redistribute_with_order

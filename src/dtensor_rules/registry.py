@@ -2,7 +2,7 @@
 
 A :class:`Rule` is one op's whole contract, as validated data: its strategy function, its cost
 formula, its sample suite and its doc. :func:`register` collects rules (it imports no op
-module: ``import dtensor_rules`` loads :mod:`dtensor_rules.ops`, whose modules register
+module: ``import dtensor_rules`` loads :mod:`dtensor_rules.op_rules`, whose modules register
 themselves); :func:`install` patches DTensor's
 ``ShardingPropagator`` with them and :func:`uninstall` puts every touched registry
 entry back exactly as it was (same keys, same function objects). Every other global change
@@ -47,6 +47,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch._ops import OpOverload
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
+from torch.utils._pytree import tree_leaves
 
 from dtensor_rules._upstream import (
     HANDLERS,
@@ -56,6 +57,7 @@ from dtensor_rules._upstream import (
     OpStrategy,
     RuntimeSchemaInfo,
     ShardingPlaceholder,
+    TensorMeta,
     TupleStrategy,
     clear_sharding_caches,
     measured_verdict,
@@ -64,7 +66,6 @@ from dtensor_rules._upstream import (
     registry,
 )
 from dtensor_rules import patches as _patch_registry
-from dtensor_rules.core.metas import metas as tensor_metas
 from dtensor_rules.dispatch.meta_fallback import set_fallbacks
 from dtensor_rules.dispatch.single_dim import SingleDimStrategy, n_outputs
 from dtensor_rules.costs.op_cost import Formula
@@ -153,8 +154,8 @@ def _check_fields(values: dict[str, Any]) -> None:
 
 
 _CALLABLE_FIELDS = {
-    "cost": " (cost(op, args, kwargs) -> OpCost, e.g. from dtensor_rules.costs.formulas)",
-    "samples": " (samples() -> [(args, kwargs), ...], e.g. dtensor_rules.core.suite_ref.suite(family, name))",
+    "cost": " (cost(op, args, kwargs) -> OpCost, e.g. dtensor_rules.op_rules.scan.cumsum_cost)",
+    "samples": " (samples() -> [(args, kwargs), ...], e.g. dtensor_rules.op_rules.scan.cumsum_samples)",
     "flops": " (flops(*args, **kwargs) -> int)",
     "bytes": " (bytes(*args, **kwargs) -> int or (read, written))",
     "handler": "",
@@ -331,7 +332,7 @@ def unregister(op: Any) -> None:
 def rules() -> dict[OpOverload, Rule]:
     """A snapshot mapping op -> Rule of everything registered so far.
 
-    ``import dtensor_rules`` has registered the shipped rules (it imports :mod:`dtensor_rules.ops`);
+    ``import dtensor_rules`` has registered the shipped rules (it imports :mod:`dtensor_rules.op_rules`);
     the registry itself never imports op modules.
     """
     with _lock:
@@ -350,6 +351,12 @@ def get_rule(op: Any) -> Rule:
 # --------------------------------------------------------------------------- validation
 def _count_tensor_args(schema: OpSchema) -> int:
     return num_tensor_inputs(schema)
+
+
+def tensor_metas(args: Any) -> list[TensorMeta]:
+    """The ``TensorMeta`` leaves of a single-dim rule's arguments, in order (the rules use it too)."""
+    # TensorMeta is a NamedTuple: stop pytree from flattening it into its fields
+    return [m for m in tree_leaves(args, is_leaf=lambda x: isinstance(x, TensorMeta)) if isinstance(m, TensorMeta)]
 
 
 def check_rows(op: OpOverload, result: Any, args_meta: Any, kwargs_meta: Any, n_out: int) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from dtensor_rules.core.post_import import when_imported
+from dtensor_rules._upstream.post_import import when_imported
 
 __all__ = ["WRITE_ITEMS", "CHUNK", "PLANNER_HELPERS", "chunk_metadata", "metadata_index", "on_planner_helpers_imported"]
 

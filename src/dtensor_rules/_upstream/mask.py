@@ -10,7 +10,7 @@ by the first reduction: reducing an output twice (autograd saved it), summing it
 fails, and a table sharded along the dim on two mesh dims conflicts in the buffer.
 
 :class:`IndexMaskPartial` keeps upstream's type (``isinstance(p, MaskPartial)``) and the meaning
-of its strategy columns, but holds no buffer: gather's dispatch (``ops/gather_mask.py``) makes
+of its strategy columns, but holds no buffer: gather's dispatch (``op_rules/gather_mask.py``) makes
 the mask from the table's layout (nested mesh dims included), zeroes the masked results at once, and
 the result is then an ordinary ``Partial("sum")`` in value: every rank holds its own lookups
 and zeros elsewhere, so it reduces and reduce-scatters exactly like one. Nothing is ever

@@ -64,7 +64,8 @@ def _layout(t: torch.Tensor) -> tuple[str, str]:
 def section_expert_parallel(mesh_shape: tuple[int, ...], out: TextIO) -> bool:
     """Run the EP step and the gather-path step on a simulated mesh; print layouts and collectives."""
     from dtensor_rules.cli.demo_model import demo_inputs, demo_model, within_tolerance
-    from dtensor_rules.models import expert_parallel, shard_moe, token_placements
+    from dtensor_rules.ep import expert_parallel, token_placements
+    from dtensor_rules.models import shard_moe
     from dtensor_rules.testing import simulated_mesh
 
     header("6. expert parallel: tokens by all-to-all, experts never gathered", out)

@@ -28,7 +28,7 @@ from typing import Any
 from torch._ops import OpOverload, OpOverloadPacket
 
 from dtensor_rules import patches
-from dtensor_rules.core.post_import import when_imported
+from dtensor_rules._upstream.post_import import when_imported
 from dtensor_rules.costs._util import fits
 from dtensor_rules.costs.op_cost import Formula
 from dtensor_rules.costs.rule_source import rule_formulas

@@ -10,3 +10,5 @@ errors, finishers); :mod:`~dtensor_rules.dispatch.custom_handler` is the per-op 
 whose output shape depends on data (``bincount``). Solvers and the validator still get the full
 enumeration. See docs/dispatch.md. (Formerly ``dtensor_rules.compact``, kept as a deprecated alias.)
 """
+
+from dtensor_rules.dispatch import exact_int_partition as _exact_int_partition  # noqa: F401  (registers its patch)

@@ -34,7 +34,7 @@ from dtensor_rules._upstream import (
     is_tensor_shardable,
     redistribute_cost,
 )
-from dtensor_rules.core.grouped_mm_checks import chunk_sizes  # torch.chunk's local sizes
+from dtensor_rules.kernels.grouped_mm_checks import chunk_sizes  # torch.chunk's local sizes
 
 Row = list[Any]  # one mesh dim: [*output placements, *input placements] (placeholders allowed)
 Key = tuple[Any, ...]
@@ -57,7 +57,7 @@ class Input(NamedTuple):
 
 class ExactIntegerPartial:
     """Whether Replicate -> Partial(sum) is exact for integer tensors right now (the
-    ``exact_int_partition`` patch of :mod:`dtensor_rules.ops._partial` switches it); upstream's
+    ``exact_int_partition`` patch of :mod:`dtensor_rules.op_rules._partial` switches it); upstream's
     own partition divides by the mesh size and returns floats."""
 
     active = False

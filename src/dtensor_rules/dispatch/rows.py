@@ -25,7 +25,7 @@ from dtensor_rules._upstream import (
 )
 from torch.distributed.tensor.placement_types import Replicate
 
-from dtensor_rules.core.solver_rows import trim_rows, trim_strategy
+from dtensor_rules.op_rules._solver_rows import trim_rows, trim_strategy
 from dtensor_rules.dispatch.greedy import Key, Row, compact_strategy, dispatch_inputs, fill, flat_inputs
 from dtensor_rules.dispatch.runnable import out_layout_error, runnable_only
 
@@ -134,7 +134,7 @@ def full_expansion(
     """Every row (placeholders filled, all-Replicate included) over every mesh dim: upstream's
     expansion with shardability judged from Replicate, as the validator's single-dim path does,
     priced lazily against each input's real (candidate) specs; a solver's query gets no dominated
-    row (``core.solver_rows``: trimmed unless its full-enumeration switch is on)."""
+    row (``op_rules._solver_rows``: trimmed unless its full-enumeration switch is on)."""
     mesh = strategies[0].strategies[0].output_spec.mesh
     expanded = trim_strategy(expand_to_mesh(
         mesh, _replicated_schema(op_schema), trim_rows(rows, strategies, n_out), input_index=n_out,

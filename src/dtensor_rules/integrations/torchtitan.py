@@ -53,8 +53,8 @@ from torchtitan.models.common.token_dispatcher import (
     LocalTokenDispatcher,
 )
 
-from dtensor_rules.kernels.ep_all_to_all import count_under_comm_debug_mode, ep_combine_op
-from dtensor_rules.models.ep_local import Dispatched, ep_dispatch
+from dtensor_rules.ep.all_to_all import count_under_comm_debug_mode, ep_combine_op
+from dtensor_rules.ep.local import Dispatched, ep_dispatch
 
 __all__ = ["DtensorRulesTokenDispatcher", "DtensorRulesSelectiveAC", "expert_parallel", "selective_ac"]
 

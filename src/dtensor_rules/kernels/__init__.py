@@ -1,12 +1,8 @@
-"""Custom kernels for MoE, exposed as ``torch.library`` custom ops with DTensor rules.
+"""The MoE index kernel, exposed as a ``torch.library`` custom op with a DTensor rule.
 
-- :func:`moe_permute_indices`: token indices grouped by local expert, padded per-expert
-  group sizes and the ``offs`` of ``torch._grouped_mm`` (Triton on CUDA, torch elsewhere).
-- ``dtensor_rules::ep_dispatch`` / ``ep_combine`` (:mod:`dtensor_rules.kernels.ep_all_to_all`): the
-  expert-parallel token all-to-alls, each the other's backward, with an unbacked received row count.
-- ``dtensor_rules::routed_experts`` / ``routed_experts_backward``
-  (:mod:`dtensor_rules.kernels.routed_experts_op`): an MoE block's routed experts as one op, so a
-  solver that reads DTensor strategies is offered expert parallelism as one of its rows.
+:func:`moe_permute_indices`: token indices grouped by local expert, padded per-expert group
+sizes and the ``offs`` of ``torch._grouped_mm`` (Triton on CUDA, torch elsewhere). The
+expert-parallel ops (token all-to-alls, routed experts as one op) live in :mod:`dtensor_rules.ep`.
 """
 
 from __future__ import annotations
@@ -71,6 +67,6 @@ def moe_permute_indices(
     rows with ``permuted_indices >= 0`` and scatter them back to ``permuted_indices``. No device-to-host sync on any device. Raises ``ValueError``
     for bad arguments; negative counts or blocks that overflow ``max_len`` raise on CPU
     and trip a device assert on CUDA. Under DTensor the input must be (and is made)
-    Replicate; outputs are Replicate (see ``src/dtensor_rules/ops/moe_index.py``).
+    Replicate; outputs are Replicate (see ``src/dtensor_rules/op_rules/moe_index.py``).
     """
     return moe_permute_indices_op(tokens_per_expert_group, experts_per_rank, num_ranks, max_len, alignment)

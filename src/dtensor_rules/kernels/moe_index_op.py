@@ -4,7 +4,7 @@ Why a custom op: a raw Triton launch is opaque to ``make_fx``/``torch.compile`` 
 DTensor. As a ``torch.library.custom_op`` it has a schema, a fake implementation
 (output shapes depend only on the static ints, so tracing needs no data), per-device
 kernels (CUDA: Triton when installed, else the torch reference; CPU and others: the
-torch reference) and a DTensor rule (``src/dtensor_rules/ops/moe_index.py``).
+torch reference) and a DTensor rule (``src/dtensor_rules/op_rules/moe_index.py``).
 
 Data checks (negative counts, padded tokens that do not fit in ``max_len``) raise
 ``ValueError`` on CPU; on other devices they are ``torch._assert_async`` device

@@ -1,13 +1,13 @@
-"""Small reference models used to exercise the rules end to end (e.g. a DeepSeekV3-style MoE block).
+"""The reference MoE block the rules are exercised on end to end (a DeepSeekV3-style MoE block).
 
+- :class:`MoE` / :class:`MoEConfig`: the block (router, routed experts as grouped matmuls, shared experts);
 - :func:`shard_moe`: experts on "ep" under plain DTensor rules (DTensor gathers experts and tokens);
-- :func:`expert_parallel`: true expert parallelism, tokens by all-to-all (docs/expert_parallel.md);
 - :func:`add_balance_loss`: the optional load-balancing loss on torchtitan's MoE (ours has it in ``MoEConfig``).
+
+True expert parallelism (tokens by all-to-all) is :func:`dtensor_rules.ep.expert_parallel`.
 """
 
 from dtensor_rules.models.balance_hook import add_balance_loss
-from dtensor_rules.models.expert_parallel import expert_param_bytes, expert_parallel, token_placements
 from dtensor_rules.models.moe import MoE, MoEConfig, alignment_for, shard_moe
 
-__all__ = ["MoE", "MoEConfig", "alignment_for", "shard_moe", "expert_parallel", "token_placements", "expert_param_bytes",
-           "add_balance_loss"]
+__all__ = ["MoE", "MoEConfig", "alignment_for", "shard_moe", "add_balance_loss"]

@@ -5,7 +5,7 @@ expert dim, so a block whose experts are E separate modules has nothing to place
 replaces that ``ModuleList`` in place by a :class:`StackedExperts`: three parameters holding the
 experts' ``nn.Linear`` weights stacked in their own layout (``"EHD"``: ``w1``/``w3`` (E, H, D),
 ``w2`` (E, D, H), as ``Linear.weight`` is (out, in)), which an
-:class:`~dtensor_rules.models.ep_adapters.EPAdapter` reports and ``expert_parallel`` distributes.
+:class:`~dtensor_rules.ep.adapters.EPAdapter` reports and ``expert_parallel`` distributes.
 Each expert must compute ``w2(silu(w1(x)) * w3(x))`` with bias-free Linears (what
 :meth:`StackedExperts.local_experts` computes); anything else is refused naming the Linear. The
 stacked module has no per-expert forward: call it from an adapter, so ``expert_parallel`` installs
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dtensor_rules.models.ep_adapters import ExpertWeights
+from dtensor_rules.ep.adapters import ExpertWeights
 from dtensor_rules.models.moe import check_compiled_gmm_dtype
 
 __all__ = ["StackedExperts", "stack_experts"]

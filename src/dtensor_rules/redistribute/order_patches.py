@@ -2,7 +2,7 @@
 
 1. ``DTensorSpec.shallow_copy_with_tensor_meta`` drops ``shard_order``; the sharding propagator
    wraps every output spec with it, so even an op whose strategy keeps the input's order (our
-   ``dtensor_rules.ops.identity`` for detach / alias) would come out claiming the default order while the data
+   ``dtensor_rules.op_rules.identity`` for detach / alias) would come out claiming the default order while the data
    is in the ordered layout. The fix copies ``shard_order`` when the spec stores it explicitly
    (``use_strided_shard_as_shard_order=False``); specs a strategy built from placements alone
    carry the default order, exactly as before.

@@ -5,7 +5,7 @@ every intermediate itself. A choice that dispatch cannot run, or that computes s
 than one device, fails here rather than in a table.
 
 An expert-parallel choice (``ep=True``: the routed experts ``Shard(0)`` on one mesh dim) runs
-through :func:`~dtensor_rules.models.expert_parallel.expert_parallel`, the package's one EP
+through :func:`~dtensor_rules.ep.expert_parallel.expert_parallel`, the package's one EP
 runtime (tokens to the experts' owners by all-to-all, each rank multiplying by its own experts):
 
 ==============================================  ==========================================
@@ -62,7 +62,7 @@ def place_choice(module: MoE, mesh: DeviceMesh, params: dict[str, Layout], *, ep
     if ep_dim is None:
         raise ValueError(f"ep=True runs the experts Shard(0) on one mesh dim (ep), the same for w1, w3 and w2; "
                          f"the choice has {[tuple(params[w]) for w in _EXPERTS]}")
-    from dtensor_rules.models.expert_parallel import expert_parallel
+    from dtensor_rules.ep.expert_parallel import expert_parallel
 
     return expert_parallel(module, mesh, ep_dim=ep_dim, tp_dim=expert_tp_dim(params, ep_dim),
                            placements={k: tuple(v) for k, v in params.items()})

@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.placement_types import Shard
 
-from dtensor_rules.ops.routed_experts import ROUTED_EXPERTS
+from dtensor_rules.ep.routed_experts_rule import ROUTED_EXPERTS
 from dtensor_rules.solver.ilp import Solution, solve
 from dtensor_rules.solver.price import Pricer
 from dtensor_rules.solver.problem import Problem, build_problem

@@ -4,7 +4,7 @@ A :class:`~dtensor_rules.solver.ep_rows.RoutedRows` label sits on exactly one me
 (group size ``n = ep``). Per rank, with ``N`` global rows, ``w`` bytes per local row, ``E``
 experts and ``skew >= 1`` (largest / mean rows a rank holds; 1 = the expected-value model),
 priced with the :class:`~dtensor_rules.redistribute.topology.Topology` formulas on mesh dim ``m``
-(what ``expert_parallel``'s region runs: ``models/ep_local.py``):
+(what ``expert_parallel``'s region runs: ``ep/local.py``):
 
 ==============================  ========================================================  ====================================
 move                            collectives                                               cost

@@ -1,6 +1,6 @@
-"""Run what a solver chose for the routed-experts op (``ops/routed_experts.py``) through ``expert_parallel``.
+"""Run what a solver chose for the routed-experts op (``ep/routed_experts_rule.py``) through ``expert_parallel``.
 
-With the block's routed experts as one op (``models/routed_op.py``), the solver's choice for
+With the block's routed experts as one op (``ep/routed_op.py``), the solver's choice for
 them is that node's row: how the op READS the experts and tokens. The parameters' chosen
 layouts say only how they are STORED (a replicated expert weight can be read ``Shard(0)`` for
 free, a local chunk). So the expert-parallel configuration comes from the row:
@@ -63,7 +63,7 @@ def place_expert_row(module: MoE, mesh: DeviceMesh, choice: Choice) -> MoE:
     """``module`` placed as ``choice`` (in place), its routed experts run as the chosen row says
     (module table); call it on tokens laid out as ``choice.input_layout``. Under torchtitan's
     model ``mesh`` needs dim names (``expert_parallel``'s ``ep_dims`` names them)."""
-    from dtensor_rules.models.expert_parallel import expert_parallel
+    from dtensor_rules.ep.expert_parallel import expert_parallel
     from dtensor_rules.solver.apply import place_choice
 
     params = {k: tuple(v) for k, v in choice.params.items()}

@@ -3,7 +3,7 @@
 Why here and not from DTensor's propagator: no DTensor placement can describe the routed rows
 (their split over ranks is data: the routing counts; docs/design/ep_runtime_decision.md), so no
 rule answers a solver's query with such a row. These rows describe what ``expert_parallel``'s
-region does (``models/ep_local.py``), per node of the traced block, on one expert-parallel mesh
+region does (``ep/local.py``), per node of the traced block, on one expert-parallel mesh
 dim ``m`` (any mesh dim whose size divides the number of experts ``E``), with the label
 :class:`RoutedRows` on ``m``: ``TokenRows`` (unaligned: each rank its own tokens' assignment rows, sorted
 by expert, before the dispatch) and ``ExpertRows`` (aligned: each rank the rows of its own experts, after

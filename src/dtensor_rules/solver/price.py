@@ -8,10 +8,10 @@ collectives (:func:`dtensor_rules.redistribute.plan`, alpha-beta model), DTensor
 that performs it (:func:`partial_switch_dims`). Both sides of a comparison (our rules,
 upstream's) are priced by these same functions, so their objectives are comparable.
 
-The routed-experts op (``ops/routed_experts.py``) communicates inside itself under its
+The routed-experts op (``ep/routed_experts_rule.py``) communicates inside itself under its
 expert-parallel row (the token all-to-alls, and in the forward the count exchange and the
 host sync): a strategy row has no field for that, so :meth:`Pricer.ep_exchange_us` adds it
-to the row's compute (the ``expert_parallel`` step ``models/ep_costs.py`` describes).
+to the row's compute (the ``expert_parallel`` step ``ep/costs.py`` describes).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class Pricer:
         ``T_l * k`` assignment rows (expected-uniform routing: it receives as many) at dispatch (token
         dtype) and combine (expert dtype); the forward also exchanges the per-expert counts and syncs
         once with the host (``sync_us``); the backward moves the gradients along the same routes."""
-        from dtensor_rules.ops.routed_experts import EXPERT_ARGS, ROUTED_EXPERTS
+        from dtensor_rules.ep.routed_experts_rule import EXPERT_ARGS, ROUTED_EXPERTS
 
         w = EXPERT_ARGS.get(node.target)
         if w is None:

@@ -22,8 +22,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
 from torch.utils import _pytree as pytree
 
-from dtensor_rules.core.relabels import relabel_rows
-from dtensor_rules.core.solver_rows import is_full_enumeration
+from dtensor_rules.op_rules._relabels import relabel_rows
+from dtensor_rules.op_rules._solver_rows import is_full_enumeration
 from dtensor_rules._upstream import (
     DTensorSpec,
     OpSchema,
@@ -176,10 +176,10 @@ def _ask(node: fx.Node, schema: OpSchema, n_in: int, mesh: DeviceMesh) -> list[R
 
 def without_relabels(rows: list[Row]) -> list[Row]:
     """``rows`` without those that relabel a replicated value as a partial one
-    (:mod:`dtensor_rules.core.relabels`), whichever rule offered them (ours are trimmed already,
+    (:mod:`dtensor_rules.op_rules._relabels`), whichever rule offered them (ours are trimmed already,
     upstream's pointwise rules offer e.g. ``add(P(avg), R) -> P(avg)``): the row with that input
     ``Partial`` stays, and the ``Replicate -> Partial`` move is an edge the pricer prices. Every
-    row under the full enumeration switch (:mod:`dtensor_rules.core.solver_rows`)."""
+    row under the full enumeration switch (:mod:`dtensor_rules.op_rules._solver_rows`)."""
     if is_full_enumeration():
         return rows
     drop = relabel_rows([(r.outs, r.ins) for r in rows])

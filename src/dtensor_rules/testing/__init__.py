@@ -6,9 +6,8 @@
 - :func:`check_rule`: compare a rule (ours and upstream's) with ground truth.
 - :mod:`dtensor_rules.testing.strategies`: hypothesis strategies for meshes, placements, shapes.
 
-The names load at first use: ``import dtensor_rules`` imports no module of this package (a rule
-names its sample suite with :func:`dtensor_rules.core.suite_ref.suite`, loaded at the first
-``rule.samples()``), and a suite's first call should not pay for the validator and the mesh
+The names load at first use: ``import dtensor_rules`` imports no module of this package (a rule's
+sample suite is a plain function beside it in :mod:`dtensor_rules.op_rules`), and a suite's first call should not pay for the validator and the mesh
 helpers (~12 ms) until someone checks a rule.
 """
 

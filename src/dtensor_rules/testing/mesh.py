@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from dtensor_rules._upstream import LocalTensorMode
-from dtensor_rules.core.simulated_rng import per_rank_generators
+from dtensor_rules.testing.simulated_rng import per_rank_generators
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 MAX_WORLD = 8  # real gloo processes on one machine (and the default for generated mesh shapes)
@@ -110,7 +110,7 @@ def simulated_mesh(shape: Sequence[int] | int, names: Sequence[str] | None = Non
     keeps a replicated one shared (an in-place update, e.g. an optimizer step, then lands once
     per rank). ``dtensor_rules.distribute_tensor``, ``shard_moe`` and ``expert_parallel`` give
     every rank its own copy. An explicit ``torch.Generator`` draws on every rank what one process
-    draws from it, as on real ranks (:mod:`dtensor_rules.core.simulated_rng`; only inside the
+    draws from it, as on real ranks (:mod:`dtensor_rules.testing.simulated_rng`; only inside the
     block). ``torch.compile`` does not run here (upstream limits, docs/compile.md):
     inductor's failure on a LocalTensor leaves the block as a RuntimeError saying so; compile on
     real ranks with :func:`run_gloo`. Meshes nest only with the same number of ranks (one

@@ -32,7 +32,7 @@ from dtensor_rules._upstream import (
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 from torch.utils import _pytree as pytree
 
-from dtensor_rules.core.solver_rows import full_enumeration
+from dtensor_rules.op_rules._solver_rows import full_enumeration
 from dtensor_rules.testing.aliasing import Aliasing, aliasing, is_inplace
 from dtensor_rules.testing.simulate import NDPlacement, Sample
 
@@ -149,7 +149,7 @@ def active_strategy(op: OpOverload) -> tuple[str, Any] | None:
 def emitted_combos(kind: str, fn: Any, op: OpOverload, sample: Sample, mesh: DeviceMesh,
                    inputs_follow_output: bool = False, full: bool = True) -> set[Combo]:
     """All (inputs, outputs) placement combos the strategy function offers for ``sample``, under
-    the full enumeration (``core.solver_rows``): what is proven is every row, not a solver's trim.
+    the full enumeration (``op_rules._solver_rows``): what is proven is every row, not a solver's trim.
     ``full=False``: what a solver's query gets (an op-strategy rule is asked with every candidate
     layout per input: the trimmed rows)."""
     with full_enumeration(full):

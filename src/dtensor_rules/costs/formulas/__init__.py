@@ -1,7 +1,8 @@
-"""Cost formulas, one module per op family (the math only: each op's rule names its formula).
+"""Cost formulas: ``@formula(family=)`` and the fallbacks for ops without a rule's formula.
 
-Ops without a rule here are priced by torch's flop formulas (:mod:`.torch_flops`) and the
-generic families (:mod:`.generic`).
+A family's own formula lives beside its rule (``dtensor_rules/op_rules/<family>.py``), which
+names it in ``register(op, cost=...)``. Ops whose rule has none are priced by torch's flop
+formulas (:mod:`.torch_flops`) and the generic families (:mod:`.generic`).
 """
 
 from dtensor_rules.costs.formulas._formula import Formula, formula

@@ -1,7 +1,7 @@
 """``@formula(family=)``: write a cost formula against schema names, get a ``Formula``.
 
-A formula module defines the math; it keeps no table. Our op modules name the formula in
-their ``register(..., cost=...)`` call, so each op's cost lives in its rule (one contract).
+A formula defines the math; it keeps no table. Our op modules define theirs beside the rule
+and name it in the ``register(..., cost=...)`` call, so each op's cost lives in its rule (one contract).
 """
 
 from __future__ import annotations
