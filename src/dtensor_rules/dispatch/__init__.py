@@ -8,7 +8,7 @@ the same for ``op_strategy`` rules given as rows (``cat``, ``slice_scatter``);
 :mod:`~dtensor_rules.dispatch.cache_miss` is the cache-miss callback patch (``x[mask]``, ``out=``
 errors, finishers); :mod:`~dtensor_rules.dispatch.custom_handler` is the per-op handler for ops
 whose output shape depends on data (``bincount``). Solvers and the validator still get the full
-enumeration. See docs/dispatch.md. (Formerly ``dtensor_rules.compact``, kept as a deprecated alias.)
+enumeration. See docs/dispatch.md.
 """
 
 from dtensor_rules.dispatch import exact_int_partition as _exact_int_partition  # noqa: F401  (registers its patch)

@@ -20,13 +20,11 @@ from collections.abc import Callable
 from typing import Any
 
 from dtensor_rules._upstream import CacheMissArguments, unwrap_cache_miss, wrap_cache_miss
-from dtensor_rules.dispatch.finishers import finish_on_miss, finishing
-from dtensor_rules.dispatch.index_masks import check_mask_shapes, is_mask, masks_to_indices
+from dtensor_rules.dispatch import finishers, index_masks  # noqa: F401  (each registers its per-op handlers)
 from dtensor_rules.dispatch.miss_handlers import handler_for
 from dtensor_rules.dispatch.out_layout import OutLayoutError
 
-# the handler modules above register themselves on import; their public names stay reachable here
-__all__ = ["check_mask_shapes", "finish_on_miss", "finishing", "is_mask", "hook", "masks_to_indices"]
+__all__ = ["hook"]
 
 
 def hook(original: Callable[..., Any], arguments: CacheMissArguments) -> Callable[..., Any]:

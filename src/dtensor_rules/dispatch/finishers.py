@@ -4,7 +4,7 @@
 just chose for the call and returns the call's result, or None to let DTensor cache that
 sharding and run it. A result is not a sharding, so DTensor caches nothing for a finished call
 and every call like it misses again, while the op's other layouts are cached and stay on the
-fast path (``gather`` with a masked index: ``ops/gather_mask.py``).
+fast path (``gather`` with a masked index: ``op_rules/gather_mask.py``).
 """
 
 from __future__ import annotations

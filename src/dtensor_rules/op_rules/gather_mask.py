@@ -44,7 +44,7 @@ from dtensor_rules._upstream import (
     redistribute_args_to,
     wrap_result,
 )
-from dtensor_rules.dispatch.cache_miss import finish_on_miss, finishing
+from dtensor_rules.dispatch.finishers import finish_on_miss, finishing
 from dtensor_rules.op_rules._common import normalize_dim, size_is, sym_numel
 
 __all__ = ["finish_masked_gather", "mask_row", "mask_row_offered", "mask_row_pays"]
