@@ -73,6 +73,7 @@ def load() -> None:
     _check_torch()
     from dtensor_rules import compile_patches  # noqa: F401  (registers what compiled DTensor code needs)
     from dtensor_rules import op_rules  # noqa: F401  (the one place that loads the shipped rules)
+    from dtensor_rules import deferred_rules  # noqa: F401  (rules of ops defined later: inductor's fma, torchtitan's)
     from dtensor_rules import registry
     from dtensor_rules.redistribute import distribute_tensor, plan
     from dtensor_rules.redistribute import redistribute as redistribute_with_order

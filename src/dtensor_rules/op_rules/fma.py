@@ -29,7 +29,7 @@ does not have that problem, which is why P(avg) admits more layouts than P(sum))
 Registration is lazy: ``prims.fma`` only exists once ``torch._inductor.inductor_prims`` is
 imported (~2 s), so the rule and its cost formula are registered (and installed, if our rules
 are installed) when inductor defines the op, the way upstream registers its own fma rule: the
-named patch ``deferred_fma`` (docs/patches.md). ``status()`` lists the rule before that
+named patch ``deferred_fma`` (``dtensor_rules/deferred_rules.py``, docs/patches.md). ``status()`` lists the rule before that
 (``status().deferred``); ``dtensor_rules.op_rules.fma.fma`` (the op) defines it on first access.
 
 Dispatch prices at most two strategies built from these rows (:mod:`dtensor_rules.dispatch`);
@@ -43,20 +43,18 @@ Samples: uneven shapes, broadcasting, bf16.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch._ops import OpOverload
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
-from dtensor_rules._upstream import ensure_prims_fma, on_prims_fma_defined, prims_fma_defined
+from dtensor_rules._upstream import ensure_prims_fma
 from dtensor_rules.costs._util import nbytes, numel
 from dtensor_rules.costs.formulas import formula
 from dtensor_rules.costs.op_cost import OpCost
 from dtensor_rules.op_rules._common import broadcast_shape, generator, metas, PlacementOrHole, Samples, shard_through_broadcast
 from dtensor_rules.op_rules._partial import partial_ops, partial_survives_cast
-from dtensor_rules.patches import guarded
 
 
 # --------------------------------------------------------------------------- cost formula
@@ -89,7 +87,7 @@ def fma_samples() -> Samples:
 def __getattr__(name: str) -> Any:
     """``fma``: the op ``torch.ops.prims.fma.default``, defined (inductor imported) on first access."""
     if name == "fma":
-        return _define()
+        return define_fma()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -129,7 +127,7 @@ def fma_strategy(op: Any, args: Any, kwargs: Any) -> list[list[PlacementOrHole]]
     return fma_rows(*metas(args))
 
 
-def _register_rule() -> OpOverload:
+def register_fma_rule() -> OpOverload:
     """The whole contract (strategy, cost, samples) of the op inductor defines; idempotent."""
     from dtensor_rules import registry
 
@@ -139,53 +137,7 @@ def _register_rule() -> OpOverload:
     return op
 
 
-def _define() -> OpOverload:
+def define_fma() -> OpOverload:
     """Define ``prims.fma`` (imports inductor, ~2 s) and register its rule: what `validate --op fma` needs."""
     ensure_prims_fma()
-    return _register_rule()
-
-
-def _on_defined() -> None:
-    """Inductor just defined the op (and upstream its rule): ours is registered, and installed if ours are."""
-    from dtensor_rules import registry
-
-    op = _register_rule()
-    if registry.active_ops():  # our rules are installed: this one too (after upstream's, which inductor just registered)
-        registry.install(ops=[op])
-
-
-_cancel: list[Callable[[], None]] = []
-
-
-def _apply() -> None:
-    _cancel.append(on_prims_fma_defined(guarded("deferred_fma", _on_defined)))
-
-
-def _restore() -> None:
-    _cancel.pop()()
-
-
-def _announce() -> None:
-    from dtensor_rules import registry
-    from dtensor_rules.patches import Patch, register
-
-    registry.defer("prims.fma.default", _INDUCTOR_PRIMS, _define, patch="deferred_fma")
-    register(Patch(
-        name="deferred_fma",
-        apply=_apply,
-        restore=_restore,
-        changes="torch.distributed.tensor._ops._pointwise_ops.register_inductor_prims (until inductor is "
-        "imported): wrapped so that, right after upstream registers its prims.fma rule, ours is registered "
-        "and installed; upstream's function is put back at that moment",
-        reason="prims.fma exists only once torch._inductor.inductor_prims is imported (~2 s, never by "
-        "import dtensor_rules); compiled softmax backward decomposes into it",
-        upstream="missing: upstream's prims.fma rule is the generic pointwise one (registered when inductor is "
-        "imported): no Partial rows, so a Partial addend or factor is reduced first (checked: torch 2.13.0, 2.14.1)",
-        required=True,
-        waits_for=_INDUCTOR_PRIMS,
-        pending=lambda: not prims_fma_defined(),
-    ))
-
-
-_INDUCTOR_PRIMS = "torch._inductor.inductor_prims"
-_announce()
+    return register_fma_rule()

@@ -122,7 +122,7 @@ shard of the last dim (rope pairs, the nope/rope split; helion: the rotate-half 
 table indexed by position). Partial rows need floating inputs (``partial_ops``).
 
 Registration: a post-import hook (:func:`dtensor_rules._upstream.post_import.when_imported`) on each
-defining module, the named patch ``torchtitan_rules`` (docs/patches.md). Before torchtitan is
+defining module, the named patch ``torchtitan_rules`` (``dtensor_rules/deferred_rules.py``, docs/patches.md). Before torchtitan is
 imported, ``status().deferred`` lists the ten rules as waiting, like ``prims.fma``; importing
 the module registers the rule (and installs it if the package's rules are installed).
 
@@ -134,7 +134,6 @@ tests/test_torchtitan_ops.py zeroes them).
 from __future__ import annotations
 
 import importlib
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -142,12 +141,10 @@ import torch
 from torch._ops import OpOverload
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
-from dtensor_rules._upstream.post_import import when_imported
 from dtensor_rules.costs.op_cost import OpCost
 from dtensor_rules.op_rules._common import generator, metas, PlacementOrHole, Samples
 from dtensor_rules.op_rules._partial import partial_ops
 from dtensor_rules.op_rules.gather_scatter import scatter_add_strategy, scatter_cost
-from dtensor_rules.patches import guarded
 
 __all__ = ["TORCHTITAN_OPS", "deterministic_scatter_add_strategy", "silu_and_mul_strategy",
            "silu_and_mul_backward_strategy", "fused_mla_k_rope_strategy", "fused_mla_kv_backward_strategy",
@@ -453,58 +450,3 @@ TORCHTITAN_OPS = (
       for kind, samples in (("cossin", helion_cossin_rope_samples), ("complex", helion_complex_rope_samples))
       for d in ("fwd", "bwd")),
 )
-
-
-def _on_imported(module_name: str) -> Callable[[Any], None]:
-    def run(_module: Any) -> None:
-        from dtensor_rules import registry
-
-        ops = [s.register() for s in TORCHTITAN_OPS if s.module == module_name and s.defined()]
-        if registry.active_ops():  # our rules are installed: these too
-            registry.install(ops=ops)
-
-    return run
-
-
-_cancel: list[Callable[[], None]] = []
-
-
-def _apply() -> None:
-    for module_name in sorted({s.module for s in TORCHTITAN_OPS}):
-        _cancel.append(when_imported(module_name, guarded("torchtitan_rules", _on_imported(module_name))))
-
-
-def _restore() -> None:
-    while _cancel:
-        _cancel.pop()()
-
-
-def _pending() -> bool:
-    return any(s.module not in sys.modules for s in TORCHTITAN_OPS)
-
-
-def _announce() -> None:
-    from dtensor_rules import registry
-    from dtensor_rules.patches import Patch, register
-
-    for s in TORCHTITAN_OPS:
-        registry.defer(f"torchtitan.{s.name}.default", s.module, s.define, patch="torchtitan_rules")
-    register(Patch(
-        name="torchtitan_rules",
-        apply=_apply,
-        restore=_restore,
-        changes="a post-import hook (sys.meta_path) on " + ", ".join(sorted({s.module for s in TORCHTITAN_OPS}))
-        + ": when torchtitan defines its custom ops there, their DTensor rules are registered (and installed if "
-        "ours are); nothing of torchtitan is imported by the package",
-        reason="torchtitan's custom ops (deterministic_scatter_add in its MoE combine, silu_and_mul, the fused MLA "
-        "rope ops, the helion rope ops) have no "
-        "sharding strategy, so its MoE written on DTensors stops at them",
-        upstream="missing: torchtitan's custom ops (torchtitan::deterministic_scatter_add, silu_and_mul, ...) have no "
-        "DTensor sharding strategy in torch or torchtitan (checked: torch 2.13.0, 2.14.1; torchtitan 0.3.0)",
-        required=True,
-        waits_for=", ".join(sorted({s.module for s in TORCHTITAN_OPS})),
-        pending=_pending,
-    ))
-
-
-_announce()
