@@ -7,7 +7,7 @@ to one expert, an expert nobody picks, an ep rank receiving no row; ep=2, ep=4, 
 on torchtitan's mesh model (``ep_dims``), within ``1e-5 * (1 + max|want|)``:
 the per-rank partial sums change only the fp32 summation order (each token's k weighted expert
 rows are summed per destination rank first, then over ranks), an error of a few fp32 ulps of the
-sum. The compiled run on real gloo ranks is ``test_compiled_per_rank_dispatch_is_one_graph``.
+sum. The compiled runs (aot_eager, inductor) on real gloo ranks: ``test_compiled_per_rank_dispatch_is_one_graph``.
 
 Bytes: the token rows that cross the wire, read per simulated rank from the tensors the token moves
 exchange, add up to ``sum_t (distinct destination ranks of t)`` (bytes ``T * D * elt * mean distinct``)
@@ -133,14 +133,15 @@ def test_per_rank_dispatch_needs_the_custom_ops_and_a_known_mode() -> None:
 # every call with an odd total (the same T % ep) and >= 2 rows per rank: ONE graph for all
 COMPILED_PLAN = [("aot_eager", 2, [Call(21, "random"), Call(33, "empty_expert"), Call(7, "empty_rank"),
                                    Call(9, "all_to_one")]),
-                 ("aot_eager", E, [Call(11, "random"), Call(5, "random")])]
+                 ("aot_eager", E, [Call(11, "random"), Call(5, "random")]),
+                 ("inductor", 2, [Call(21, "random"), Call(7, "empty_rank")])]
 
 
 @pytest.mark.slow  # 2 gloo rank processes, compiles
 def test_compiled_per_rank_dispatch_is_one_graph() -> None:
-    """``torch.compile(dynamic=True)``, aot_eager, 2 gloo ranks, no Dynamo setting: one graph, no
-    break, over routings and token counts; each call equal to one device (expert matmuls in bf16 in
-    both, see ``compiled_sweep_worker``; the same 1e-5 relative bound: the partial sums are fp32)."""
+    """``torch.compile(dynamic=True)``, aot_eager and inductor, 2 gloo ranks, no Dynamo setting: one
+    graph, no break, over routings and token counts; each call equal to one device (expert matmuls in
+    bf16 in both, see ``compiled_sweep_worker``; the same 1e-5 relative bound: the partial sums are fp32)."""
     results = run_gloo(compiled_sweep_worker, 2, COMPILED_PLAN, "per_rank", timeout=900)
     for rank, r in enumerate(results):
         for backend, top_k, calls in COMPILED_PLAN:

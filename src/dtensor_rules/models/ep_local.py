@@ -57,7 +57,7 @@ from dtensor_rules.models.moe import check_compiled_gmm_dtype
 ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 __all__ = ["ExpertsFn", "Dispatched", "RankDispatched", "DISPATCH_MODES", "ep_dispatch", "ep_dispatch_per_rank",
-           "host_splits", "local_experts", "ep_combine", "ep_combine_per_rank", "ep_routed_experts"]
+           "host_splits", "local_experts", "ep_combine", "ep_combine_per_rank", "ep_routed_experts", "check_dispatch"]
 
 DISPATCH_MODES = ("per_expert", "per_rank")
 
