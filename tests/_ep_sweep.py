@@ -131,14 +131,15 @@ def run_calls(block: Callable[[Any], Any], model: MoE, ref: MoE, mesh: Any, call
     return found, counts
 
 
-def deep_ep_copy(ref: MoE, mesh: Any, tp_dim: str | None = None) -> MoE:
+def deep_ep_copy(ref: MoE, mesh: Any, tp_dim: str | None = None, dispatch: str = "per_expert") -> MoE:
     """``expert_parallel`` on a copy of ``ref`` (the oracle keeps its own parameters)."""
     from dtensor_rules.ep import expert_parallel
 
-    return expert_parallel(copy.deepcopy(ref), mesh, tp_dim=tp_dim)
+    return expert_parallel(copy.deepcopy(ref), mesh, tp_dim=tp_dim, dispatch=dispatch)
 
 
-def compiled_sweep_worker(rank: int, world: int, plan: list[tuple[str, int, list[Call]]]) -> dict[str, Any]:
+def compiled_sweep_worker(rank: int, world: int, plan: list[tuple[str, int, list[Call]]],
+                          dispatch: str = "per_expert") -> dict[str, Any]:
     """ep = ``world`` gloo ranks; per (backend, top_k, calls) of ``plan``: ONE ``torch.compile(dynamic=True)``
     of the ``expert_parallel`` block, called per call, each against the block on one device.
 
@@ -146,12 +147,14 @@ def compiled_sweep_worker(rank: int, world: int, plan: list[tuple[str, int, list
     accepts only bf16); ``inductor`` with ``emulate_precision_casts`` (it rounds bf16 intermediates
     where eager does). Also returns ``upstream_stale_shape``: whether plain ``x * 2`` compiled for a
     DTensor of 0 rows in all still returns a 0-row DTensor on rank 1 for a 1-row input (the upstream
-    defect ``_upstream/static_shards.py`` guards against in the EP region).
+    defect ``_upstream/static_shards.py`` guards against in the EP region), and per (backend, top_k)
+    ``graphs``: (Dynamo's unique graphs, graph breaks). ``dispatch``: ``expert_parallel``'s.
     """
     import logging
     import warnings
 
     import torch._inductor.config
+    from torch._dynamo.utils import counters
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
@@ -163,12 +166,14 @@ def compiled_sweep_worker(rank: int, world: int, plan: list[tuple[str, int, list
     results: dict[str, Any] = {}
     for backend, top_k, calls in plan:
         torch._dynamo.reset()
+        counters.clear()
         ref = reference(top_k, torch.bfloat16)
-        model = deep_ep_copy(ref, mesh)
+        model = deep_ep_copy(ref, mesh, dispatch=dispatch)
         compiled = torch.compile(model, backend=backend, dynamic=True)
         with torch._inductor.config.patch(emulate_precision_casts=True):
             found, counts = run_calls(compiled, model, ref, mesh, calls, lambda t: [t])
-        results[f"{backend} top-{top_k}"] = {"problems": found, "counts": counts}
+        graphs = (counters["stats"]["unique_graphs"], sum(counters["graph_break"].values()))
+        results[f"{backend} top-{top_k}"] = {"problems": found, "counts": counts, "graphs": graphs}
     torch._dynamo.reset()
     twice = torch.compile(lambda x: x * 2, backend="aot_eager", dynamic=True)
     shapes = [tuple(twice(distribute_tensor(torch.ones(n, 2), mesh, [Shard(0)])).shape) for n in (0, 1)]

@@ -14,6 +14,11 @@ output, token gradient, routing-score gradient and this rank's slice of the expe
   only move across the wire); the token gradient differs: each of a token's K returned row gradients is
   rounded once to bf16 before they are summed (the numerics the docs state). Bytes (``CommBytesMode``): every row move at 2 bytes per
   element: <= 1.05x the bf16 bound (rows moved x dim x 2 per move, the count exchange on top).
+- ``dispatch="per_rank"``: output, token and score gradients within K fp32 ulps of the largest value
+  (a token's K weighted rows are summed per destination rank first); expert gradients as for fp32
+  moves; the token rows each rank sends (``CommBytesMode.ep_sent``) are its (token, destination rank)
+  pairs, counted from the routing, in the dispatch and in the combine's backward, and the combine
+  returns as many rows over all ranks.
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ def _run(experts, dispatcher, x, scores, ids, cot):
             **{f"grad {n}": p.grad for n, p in experts.named_parameters()}}
 
 
-def _rank_case(full: dict[str, torch.Tensor], bf16: bool) -> dict[str, object]:
+def _rank_case(full: dict[str, torch.Tensor], bf16: bool, dispatch: str = "per_expert") -> dict[str, object]:
     from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher
     from torch.distributed.tensor.debug import CommDebugMode  # noqa: F401  (CommBytesMode counts the custom ops)
 
@@ -72,12 +77,14 @@ def _rank_case(full: dict[str, torch.Tensor], bf16: bool) -> dict[str, object]:
     mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("ep",))
     n_local = E // WORLD
     local = {n: w[rank * n_local:(rank + 1) * n_local] for n, w in full.items()}
-    ours = DtensorRulesTokenDispatcher.Config(num_experts=E, top_k=K, bf16_dispatch=bf16).build()
+    ours = DtensorRulesTokenDispatcher.Config(num_experts=E, top_k=K, bf16_dispatch=bf16, dispatch=dispatch).build()
     ours.wire_meshes(ep_mesh=mesh)
     with CommBytesMode() as comm:
         got = _run(_experts(n_local, local), ours, x, scores, ids, cot)
+    rows = {(p, op): v for p in comm.ep_sent for (op, shape), v in comm.ep_sent[p].items() if shape == (D,)}
     return {"want": want, "got": got, "bytes": comm.total_bytes("all_to_all"),
-            "calls": sum(comm.calls[p]["all_to_all"] for p in comm.calls)}
+            "calls": sum(comm.calls[p]["all_to_all"] for p in comm.calls), "token bytes sent": rows,
+            "distinct": int(torch.zeros(T, WORLD, dtype=torch.bool).scatter_(1, ids // (E // WORLD), True).sum())}
 
 
 def _on_ranks(body) -> list[dict[str, object]]:
@@ -151,3 +158,29 @@ def test_bf16_dispatch_is_exact_but_the_token_gradient_and_halves_the_bytes(weig
         assert a["calls"] == b["calls"] == 5
         assert b["bytes"] - count_bytes == fp32_rows // 2, (a["bytes"], b["bytes"])
         assert b["bytes"] <= 1.05 * (fp32_rows // 2), (b["bytes"], fp32_rows // 2)
+
+
+def test_per_rank_dispatch_equals_torchtitan_up_to_the_summation_order(weights) -> None:
+    """``dispatch="per_rank"``: a row per (token, destination rank) each way. Output, token and score
+    gradients within fp32 reordering of a token's K weighted rows (K ulps of the largest value);
+    expert gradients as in the fp32 test; token bytes sent: dim x 4 x the (token, rank) pairs, each way."""
+    ranks = _on_ranks(lambda: _rank_case(weights, bf16=False, dispatch="per_rank"))
+    n_local = E // WORLD
+    for r, res in enumerate(ranks):
+        for name, w in res["want"].items():
+            got = res["got"][name]
+            if name.startswith("grad w"):
+                w = sum(q["want"][name] for q in ranks)[r * n_local:(r + 1) * n_local]
+                bound = 4 * float(w.abs().max()) * 2.0**-8
+            else:
+                bound = K * 2.0**-24 * (1 + float(w.abs().max()))
+            assert float((got - w).abs().max()) <= bound, f"rank {r} {name}: |diff| {float((got - w).abs().max())}"
+        # the dispatch (and the combine's transpose in the backward) sends each of this rank's
+        # (token, destination rank) pairs once; the combine returns the rows this rank received
+        pairs = res["distinct"]
+        assert pairs < T * K, "the routing must put both of some token's experts on one rank"
+        sent = res["token bytes sent"]
+        assert sent[("forward", "ep_dispatch")] == sent[("backward", "ep_dispatch")] == pairs * D * 4, sent
+    combined = {p: sum(res["token bytes sent"][(p, "ep_combine")] for res in ranks) for p in ("forward", "backward")}
+    pairs = sum(res["distinct"] for res in ranks)
+    assert combined == {"forward": pairs * D * 4, "backward": pairs * D * 4}, combined

@@ -6,6 +6,11 @@
   Returns the received rows (``sum(splits[1])`` of them), sender-major.
 - ``dtensor_rules::ep_combine(y, splits, group, rows)``: the same all-to-all transposed (the
   received rows go back to their senders): ``rows = sum(splits[0])`` rows out.
+- ``padded=True`` (both ops): the sender's side is a static-size buffer whose live prefix the
+  data decides (the per-rank dispatch sends each token once per destination rank, a count only the
+  routing knows): ``ep_dispatch`` sends the first ``sum(splits[0])`` rows of ``x`` and leaves the
+  rest; ``ep_combine`` returns ``rows >= sum(splits[0])`` rows, the returned ones first, then zeros.
+  Only the live rows cross the wire.
 
 Why custom ops: to the compiler each move is ONE opaque node whose row count is an unbacked
 SymInt allocated by the fake implementation (``_upstream.unbacked_size``: no Dynamo setting
@@ -58,59 +63,79 @@ def _host_splits(splits: Tensor) -> tuple[list[int], list[int]]:
     return send, recv
 
 
-def _a2a(x: Tensor, out_splits: list[int], in_splits: list[int], group: str) -> Tensor:
-    if x.shape[0] != sum(in_splits):
-        raise ValueError(f"the input has {x.shape[0]} rows but the split sizes send {sum(in_splits)} ({in_splits})")
-    return funcol.wait_tensor(funcol.all_to_all_single(x.contiguous(), out_splits, in_splits, group))
+def _a2a(x: Tensor, out_splits: list[int], in_splits: list[int], group: str, padded: bool = False) -> Tensor:
+    sent = sum(in_splits)
+    if x.shape[0] != sent and not (padded and x.shape[0] > sent):
+        more = " or more (padded)" if padded else ""
+        raise ValueError(f"the input has {x.shape[0]} rows but the split sizes send {sent}{more} ({in_splits})")
+    return funcol.wait_tensor(funcol.all_to_all_single(_live(x, sent, padded), out_splits, in_splits, group))
 
 
-def _check_rows(rows: int | None, splits: list[int], what: str) -> None:
-    if rows is not None and rows != sum(splits):
-        raise ValueError(f"{what}: rows={rows} but the split sizes deliver {sum(splits)} ({splits})")
+def _live(x: Tensor, sent: Any, padded: bool) -> Tensor:
+    """The rows that move: all of ``x``, or with ``padded`` its first ``sent`` (per-rank ints when simulated)."""
+    return (x[:sent] if padded else x).contiguous()
+
+
+def _zero_tail(out: Tensor, rows: Any, padded: bool) -> Tensor:
+    """``padded``: the returned rows, then zeros up to ``rows`` (the sender's static buffer size)."""
+    return torch.cat([out, out.new_zeros((rows - out.shape[0], *out.shape[1:]))]) if padded else out
+
+
+def _check_rows(rows: int | None, splits: list[int], what: str, padded: bool = False) -> None:
+    if rows is not None and rows != sum(splits) and not (padded and rows > sum(splits)):
+        more = " or more (padded)" if padded else ""
+        raise ValueError(f"{what}: rows={rows} but the split sizes deliver {sum(splits)}{more} ({splits})")
 
 
 @torch.library.custom_op(DISPATCH_NAME, mutates_args=())
-def ep_dispatch_op(x: Tensor, splits: Tensor, group: str, rows: int | None = None) -> Tensor:
-    """Send ``x``'s rows (sorted by destination) along ``splits[0]``; receive ``splits[1]`` per sender."""
+def ep_dispatch_op(x: Tensor, splits: Tensor, group: str, rows: int | None = None, padded: bool = False) -> Tensor:
+    """Send ``x``'s rows (sorted by destination) along ``splits[0]``; receive ``splits[1]`` per sender.
+
+    ``padded``: ``x`` may hold more rows than it sends; only the first ``sum(splits[0])`` move."""
     send, recv = _host_splits(splits)
     _check_rows(rows, recv, "ep_dispatch")
-    return _a2a(x, recv, send, group)
+    return _a2a(x, recv, send, group, padded)
 
 
 @torch.library.custom_op(COMBINE_NAME, mutates_args=())
-def ep_combine_op(y: Tensor, splits: Tensor, group: str, rows: int) -> Tensor:
-    """Send the received rows ``y`` back to their senders: the transposed ``ep_dispatch``."""
+def ep_combine_op(y: Tensor, splits: Tensor, group: str, rows: int, padded: bool = False) -> Tensor:
+    """Send the received rows ``y`` back to their senders: the transposed ``ep_dispatch``.
+
+    ``padded``: ``rows`` may exceed the rows returned (``sum(splits[0])``); the rest are zeros."""
     send, recv = _host_splits(splits)
-    _check_rows(rows, send, "ep_combine")
-    return _a2a(y, send, recv, group)
+    _check_rows(rows, send, "ep_combine", padded)
+    return _zero_tail(_a2a(y, send, recv, group), rows, padded)
 
 
 @ep_dispatch_op.register_fake
-def _dispatch_fake(x: Tensor, splits: Tensor, group: str, rows: int | None = None) -> Tensor:
+def _dispatch_fake(x: Tensor, splits: Tensor, group: str, rows: int | None = None, padded: bool = False) -> Tensor:
     """Data-dependent row count: a new unbacked size (unless the caller knows it: ``rows``)."""
     n = unbacked_size() if rows is None else rows
     return x.new_empty((n, *x.shape[1:]))
 
 
 @ep_combine_op.register_fake
-def _combine_fake(y: Tensor, splits: Tensor, group: str, rows: int) -> Tensor:
+def _combine_fake(y: Tensor, splits: Tensor, group: str, rows: int, padded: bool = False) -> Tensor:
     return y.new_empty((rows, *y.shape[1:]))
 
 
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
     x, splits, ctx.group = inputs[:3]
+    ctx.padded = bool(inputs[4]) if len(inputs) > 4 else False
     ctx.rows = x.shape[0]  # the backward returns exactly the input's rows (no new unbacked size)
     ctx.save_for_backward(splits)
 
 
 def _dispatch_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
     (splits,) = ctx.saved_tensors
-    return ep_combine_op(grad, splits, ctx.group, ctx.rows), None, None, None
+    # padded: the unsent rows of the buffer get a zero gradient
+    return ep_combine_op(grad, splits, ctx.group, ctx.rows, ctx.padded), None, None, None, None
 
 
 def _combine_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
     (splits,) = ctx.saved_tensors
-    return ep_dispatch_op(grad, splits, ctx.group, ctx.rows), None, None, None
+    # padded: the zero rows' gradient is dropped (only the returned rows' gradient goes back)
+    return ep_dispatch_op(grad, splits, ctx.group, ctx.rows, ctx.padded), None, None, None, None
 
 
 ep_dispatch_op.register_autograd(_dispatch_backward, setup_context=_setup)
@@ -144,12 +169,14 @@ def _without_moving(args: tuple[Any, ...], transpose: bool) -> Any:
 def _simulated(transpose: bool) -> Any:
     """The op's body on LocalTensors: the split sizes are per-rank ints there (no Python checks)."""
 
-    def run(x: Tensor, splits: Tensor, group: str, rows: int | None = None) -> Any:
-        answer = _without_moving((x, splits, group, rows), transpose)
+    def run(x: Tensor, splits: Tensor, group: str, rows: int | None = None, padded: bool = False) -> Any:
+        answer = _without_moving((x, splits, group, rows, padded), transpose)
         if answer is not None:
             return answer
         out_splits, in_splits = _directions(splits, transpose)
-        return funcol.wait_tensor(funcol.all_to_all_single(x.contiguous(), out_splits, in_splits, group))
+        live = _live(x, sum(in_splits), padded and not transpose)
+        out = funcol.wait_tensor(funcol.all_to_all_single(live, out_splits, in_splits, group))
+        return _zero_tail(out, rows, padded and transpose)
 
     return run
 
@@ -167,10 +194,13 @@ def _counted(mode: Any, func: Any, types: Any, args: tuple[Any, ...] = (), kwarg
     if answer is not None:
         return answer
     x, splits, group = args[:3]
+    rows = args[3] if len(args) > 3 else None
+    padded = bool(args[4]) if len(args) > 4 else False
     # no checks: per-rank ints when LocalTensorMode runs below this mode
     out_splits, in_splits = _directions(splits, transpose)
-    return funcol.wait_tensor(mode.__torch_dispatch__(ALL_TO_ALL_SINGLE, types,
-                                                      (x.contiguous(), out_splits, in_splits, group), {}))
+    live = _live(x, sum(in_splits), padded and not transpose)  # only the live rows are counted: they move
+    out = funcol.wait_tensor(mode.__torch_dispatch__(ALL_TO_ALL_SINGLE, types, (live, out_splits, in_splits, group), {}))
+    return _zero_tail(out, rows, padded and transpose)
 
 
 _counted_under: list[type] = []  # the CommDebugMode class the rule is registered for, once it is

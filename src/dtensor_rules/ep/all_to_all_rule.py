@@ -53,20 +53,20 @@ EP_COMBINE = ep_combine_op._opoverload
 R = Replicate()
 
 
-def _args(args: Any, kwargs: Any) -> tuple[Any, Any, str, Any]:
-    names = ("x", "splits", "group", "rows")
+def _args(args: Any, kwargs: Any) -> tuple[Any, Any, str, Any, bool]:
+    names = ("x", "splits", "group", "rows", "padded")
     vals = list(args) + [kwargs.get(n) for n in names[len(args):]]
-    return vals[0], vals[1], vals[2], vals[3] if len(vals) > 3 else None
+    return vals[0], vals[1], vals[2], vals[3] if len(vals) > 3 else None, bool(vals[4]) if len(vals) > 4 else False
 
 
-def ep_exchange_bytes(x: torch.Tensor, splits: torch.Tensor, group: str, rows: Any = None) -> int:
+def ep_exchange_bytes(x: torch.Tensor, splits: torch.Tensor, group: str, rows: Any = None, padded: bool = False) -> int:
     """Read ``x``'s rows and the splits, write ``rows`` rows (``x``'s count where data decides it)."""
     row = nbytes(x) // max(int(x.shape[0]), 1)
     out_rows = int(x.shape[0]) if rows is None else int(rows)
     return nbytes(x) + nbytes(splits) + out_rows * row
 
 
-def ep_exchange_flops(x: torch.Tensor, splits: torch.Tensor, group: str, rows: Any = None) -> int:
+def ep_exchange_flops(x: torch.Tensor, splits: torch.Tensor, group: str, rows: Any = None, padded: bool = False) -> int:
     """A move: no floating-point operations."""
     return 0
 
@@ -74,7 +74,7 @@ def ep_exchange_flops(x: torch.Tensor, splits: torch.Tensor, group: str, rows: A
 def ep_exchange_handler(op: Any, args: Any, kwargs: Any) -> Any:
     """DTensor dispatch: refuse the group's own mesh dim, replicate ``splits``, fill in ``rows``."""
     count_under_comm_debug_mode()
-    x, splits, group, rows = _args(args, kwargs)
+    x, splits, group, rows, padded = _args(args, kwargs)
     if not isinstance(x, DTensor):
         raise ValueError(f"{op}: x must be the DTensor (splits and group describe its rows), got {type(x).__name__}")
     mesh = x.device_mesh
@@ -91,7 +91,7 @@ def ep_exchange_handler(op: Any, args: Any, kwargs: Any) -> Any:
         splits = DTensor.from_local(splits, mesh, replicate, run_check=False)
     if op is EP_DISPATCH and rows is None:
         rows = int(splits.to_local()[1].sum())  # the row count DTensor's fake-tensor step cannot know
-    return dispatch_slow_path(op, (x, splits, group, rows), {})
+    return dispatch_slow_path(op, (x, splits, group, rows, padded), {})
 
 
 @register([EP_DISPATCH, EP_COMBINE], flops=ep_exchange_flops, bytes=ep_exchange_bytes, gaps=COLLECTIVE,

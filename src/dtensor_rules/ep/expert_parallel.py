@@ -6,7 +6,7 @@ it all-gathers the experts and the tokens: every rank computes every expert.
 :func:`expert_parallel` places the parameters the same way and runs the routed-expert
 region as a local region instead (``local_map``'s contract, see
 :func:`routed_experts_ep`): each rank sends its tokens to the experts' owners
-(``dtensor_rules.models.ep_local``), multiplies by its LOCAL experts only and sends the
+(``dtensor_rules.ep.local``), multiplies by its LOCAL experts only and sends the
 results back. The router, the shared expert and the combine's inputs stay ordinary
 DTensor code under the package's rules.
 
@@ -56,7 +56,7 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from dtensor_rules._upstream.static_shards import guard_global_sizes
 from dtensor_rules.ep.adapters import EPAdapter, adapter_for, resolve_adapter
 from dtensor_rules.ep.checks import check_block, check_tokens_before_forward, mesh_name_error
-from dtensor_rules.ep.local import ep_routed_experts
+from dtensor_rules.ep.local import check_dispatch, ep_routed_experts
 
 __all__ = ["EPMesh", "BorrowedEPMesh", "borrowed_ep_mesh", "routed_experts_borrowed", "expert_parallel", "distribute_named", "routed_experts_ep", "token_placements", "expert_param_bytes"]
 
@@ -153,7 +153,8 @@ def _check_mesh(mesh: DeviceMesh, ep_dim: str | int, tp_dim: str | int | None, o
     return EPMesh(mesh, ep, tp)
 
 
-def routed_experts_ep(moe: nn.Module | EPAdapter, ep: EPMesh, x: DTensor, idx: DTensor, weights: DTensor) -> DTensor:
+def routed_experts_ep(moe: nn.Module | EPAdapter, ep: EPMesh, x: DTensor, idx: DTensor, weights: DTensor, *,
+                      dispatch: str = "per_expert") -> DTensor:
     """The routed experts of ``moe`` (a block or its :class:`EPAdapter`) on DTensor tokens by expert parallelism.
 
     ``x`` (..., dim), ``idx`` (..., k) and ``weights`` (..., k) are ``Shard(0)`` on ep and
@@ -165,6 +166,7 @@ def routed_experts_ep(moe: nn.Module | EPAdapter, ep: EPMesh, x: DTensor, idx: D
     in_grad_placements)``, written out with ``to_local``/``from_local`` because
     ``local_map`` infers the output's global shape as ``local rows * ep`` (even shards):
     with T not divisible by ep that shape is wrong (and differs between ranks).
+    ``dispatch``: see :func:`expert_parallel`.
     """
     a = moe if isinstance(moe, EPAdapter) else adapter_for(moe)
     tokens = _placements(ep, Shard(0), Replicate())
@@ -185,13 +187,14 @@ def routed_experts_ep(moe: nn.Module | EPAdapter, ep: EPMesh, x: DTensor, idx: D
         gmm_dtype=a.gmm_dtype,
         sum_dtype=x.dtype if a.sum_dtype_is_input else None,
         experts_fn=a.local_experts,
+        dispatch=dispatch,
     )
     return DTensor.from_local(out.view(x_l.shape), ep.mesh, token_grads, run_check=False, shape=x.shape,
                               stride=x.stride())
 
 
 def routed_experts_borrowed(moe: nn.Module | EPAdapter, ep: BorrowedEPMesh, x: DTensor, idx: DTensor,
-                            weights: DTensor) -> DTensor:
+                            weights: DTensor, *, dispatch: str = "per_expert") -> DTensor:
     """The routed experts under torchtitan's mesh model (:class:`BorrowedEPMesh`).
 
     ``x`` must split its tokens on every mesh dim (a ``Shard`` of a leading dim each, e.g.
@@ -219,7 +222,7 @@ def routed_experts_borrowed(moe: nn.Module | EPAdapter, ep: BorrowedEPMesh, x: D
     out = ep_routed_experts(
         x_l.reshape(-1, dim), idx_l.reshape(-1, k), w_l.reshape(-1, k), *w_local,
         n_experts=a.n_experts, alignment=a.alignment(gdt), group=ep.group, gmm_dtype=a.gmm_dtype,
-        sum_dtype=x.dtype if a.sum_dtype_is_input else None, experts_fn=a.local_experts,
+        sum_dtype=x.dtype if a.sum_dtype_is_input else None, experts_fn=a.local_experts, dispatch=dispatch,
     )
     return DTensor.from_local(out.view(x_l.shape), ep.mesh, tokens, run_check=False, shape=x.shape,
                               stride=x.stride())
@@ -265,11 +268,12 @@ def _role_placements(ep: EPMesh, role: str, layout: str) -> tuple[Placement, ...
 
 def expert_parallel(module: nn.Module, mesh: DeviceMesh, ep_dim: str | int = "ep", tp_dim: str | int | None = "tp",
                     adapter: EPAdapter | None = None, *, ep_dims: tuple[str, ...] | None = None,
-                    placements: dict[str, tuple[Placement, ...]] | None = None) -> nn.Module:
+                    placements: dict[str, tuple[Placement, ...]] | None = None,
+                    dispatch: str = "per_expert") -> nn.Module:
     """Distribute ``module`` in place for expert (x tensor) parallelism and route its experts by all-to-all.
 
     ``module``: this package's ``MoE``, torchtitan 0.3.0's ``MoE``, or any block described
-    by ``adapter`` (:class:`~dtensor_rules.models.ep_adapters.EPAdapter`, docs/expert_parallel.md
+    by ``adapter`` (:class:`~dtensor_rules.ep.adapters.EPAdapter`, docs/expert_parallel.md
     "Any MoE module"). ``mesh`` has the dim ``ep_dim`` and optionally ``tp_dim`` (each a name or
     an index, at any position; a ``tp_dim`` name the mesh lacks means no tp; see the module
     docstring for every layout). Feed it tokens placed with :func:`token_placements`. Raises
@@ -289,7 +293,14 @@ def expert_parallel(module: nn.Module, mesh: DeviceMesh, ep_dim: str | int = "ep
     "efsdp" dims (experts ``Replicate`` there, for ``fully_shard``); tokens are split on
     every dim, so no rank sends a token another rank also sends. ``ep_dim``/``tp_dim`` are
     ignored; there is no expert TP in this mode.
+
+    ``dispatch``: ``"per_expert"`` sends a token row per chosen expert (torchtitan's
+    ``AllToAllTokenDispatcher`` bytes); ``"per_rank"`` sends it once per destination rank, the
+    receiving rank sums its experts' weighted outputs and sends one row back (DeepEP's scheme:
+    dispatch and combine bytes times ``E[distinct ranks per token] / k``; the same result up to
+    the summation order; docs/expert_parallel.md "Per-rank dispatch").
     """
+    check_dispatch(dispatch)
     a = resolve_adapter(module, adapter)
     check_block(module, a)
     if ep_dims is not None:
@@ -298,7 +309,7 @@ def expert_parallel(module: nn.Module, mesh: DeviceMesh, ep_dim: str | int = "ep
         if a.n_experts % n_ep:
             raise ValueError(f"n_experts={a.n_experts} is not divisible by the ep size {n_ep} (ep_dims={bep.ep_dims})")
         distribute_named(module, mesh, {name: _borrowed_role_placements(bep, role) for name, role in a.roles().items()})
-        a.install(functools.partial(routed_experts_borrowed, a, bep))
+        a.install(functools.partial(routed_experts_borrowed, a, bep, dispatch=dispatch))
         check_tokens_before_forward(module, a, f"token_placements(mesh, ep_dims={bep.ep_dims})")
         return module
     ep = _check_mesh(mesh, ep_dim, tp_dim, other_dims=placements is not None)
@@ -317,7 +328,7 @@ def expert_parallel(module: nn.Module, mesh: DeviceMesh, ep_dim: str | int = "ep
     if placements is not None:
         plan.update(_checked_placements(placements, plan, mesh))
     distribute_named(module, mesh, plan)
-    a.install(functools.partial(routed_experts_ep, a, ep))
+    a.install(functools.partial(routed_experts_ep, a, ep, dispatch=dispatch))
     check_tokens_before_forward(module, a, "token_placements(mesh" + (f", ep_dim={ep_dim!r})" if ep_dim != "ep" else ")"))
     return module
 

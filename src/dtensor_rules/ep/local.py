@@ -11,7 +11,7 @@ all, ``E_l = E / ep`` of them on this rank, rank ``r`` owning experts
    ``s`` sends to local expert ``e`` -- the input layout of ``moe_permute_indices``;
 3. copy the ``2 * ep`` per-rank row counts to the host ONCE (``host_splits``: the one
    device-to-host sync per step) and move the token rows with the custom op
-   ``dtensor_rules::ep_dispatch`` (``dtensor_rules.kernels.ep_all_to_all``), which reads them
+   ``dtensor_rules::ep_dispatch`` (``dtensor_rules.ep.all_to_all``), which reads them
    there: compiled, it is one opaque node whose received row count is an unbacked size
    (docs/compile.md "Compiled expert parallelism");
 4. ``moe_permute_indices`` groups the received rows per local expert and pads every
@@ -24,6 +24,15 @@ Autograd: every step is differentiable (gathers, ``_grouped_mm``, and the two mo
 other's backward with the same host splits: no second sync), so the backward sends the
 output gradients forward along the same routes and back.
 
+``dispatch="per_rank"`` (:func:`ep_dispatch_per_rank`): each token crosses the wire ONCE per
+destination rank, not once per chosen expert (what DeepEP does): the receiving rank runs the row
+through each of its chosen local experts, sums their weighted outputs, and sends ONE row back per
+(token, rank); the home rank adds the per-rank partial sums. Dispatch and combine bytes drop from
+``T * k * D`` to ``T * D * (distinct destination ranks per token)`` elements; the routing weights
+travel with a small per-assignment record (row index and weight, two fp32 per assignment). Same
+count exchange (one more int per destination rank), same ONE device-to-host copy. The result
+differs from ``"per_expert"`` only in the summation order (per-rank partial sums first).
+
 ``custom_ops=False`` moves the rows with funcol's ``all_to_all_single_autograd`` and host split
 lists instead (the path before the custom ops; compiled it needs ``capture_scalar_outputs``):
 kept as the eager oracle of the custom ops (``tests/test_ep_compile.py``).
@@ -31,6 +40,7 @@ kept as the eager oracle of the custom ops (``tests/test_ep_compile.py``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -46,7 +56,10 @@ from dtensor_rules.models.moe import check_compiled_gmm_dtype
 # (x_grouped (L, dim), offs (E_l,) int32 group ends, w1, w3, w2 local) -> (L, dim)
 ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-__all__ = ["ExpertsFn", "Dispatched", "ep_dispatch", "host_splits", "local_experts", "ep_combine", "ep_routed_experts"]
+__all__ = ["ExpertsFn", "Dispatched", "RankDispatched", "DISPATCH_MODES", "ep_dispatch", "ep_dispatch_per_rank",
+           "host_splits", "local_experts", "ep_combine", "ep_combine_per_rank", "ep_routed_experts", "check_dispatch"]
+
+DISPATCH_MODES = ("per_expert", "per_rank")
 
 
 class Dispatched(NamedTuple):
@@ -129,6 +142,119 @@ def ep_dispatch(x: torch.Tensor, idx: torch.Tensor, n_experts: int, alignment: i
     return Dispatched(x_grouped, offs, dest, order, splits, group, custom_ops, send_splits, recv_splits)
 
 
+class RankDispatched(NamedTuple):
+    """The state a per-rank dispatch leaves for its combine (all on this rank)."""
+
+    x_grouped: torch.Tensor  # (max_len, dim): received assignments grouped per local expert, padded
+    offs: torch.Tensor  # (E_l,) int32 group ends for _grouped_mm
+    dest: torch.Tensor  # (A,) int64: padded row of each received assignment
+    row: torch.Tensor  # (A,) int64: the received token row of each received assignment
+    weight: torch.Tensor  # (A,) the routing weight of each received assignment (the weights' dtype)
+    n_recv: torch.Tensor | int  # received token rows (an unbacked size when compiled)
+    token: torch.Tensor  # (cap,) int64: the home token of each slot of the send buffer
+    splits: torch.Tensor  # (2, ep) int64 on the host: token rows sent to / received from each ep rank
+    group: dist.ProcessGroup
+
+
+def _rank_rows(idx: torch.Tensor, ep: int, E_l: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Which tokens go to which rank, once each.
+
+    Returns ``(rows_per_rank (ep,), pos (ep, T): row of token t among those sent to rank r,
+    token (cap,): the token of each slot of the send buffer, rank-major, cap)``; ``cap = T * min(k, ep)``
+    bounds the rows sent (a static size), the slots past the live rows hold token 0 and are never sent.
+    """
+    T, k = idx.shape
+    to_rank = torch.zeros(T, ep, dtype=torch.bool, device=idx.device)
+    to_rank.scatter_(1, torch.div(idx, E_l, rounding_mode="floor"), True)
+    mask = to_rank.t().contiguous()  # (ep, T)
+    rows_per_rank = mask.sum(1)
+    pos = mask.cumsum(1) - 1
+    cap = T * min(k, ep)
+    base = rows_per_rank.cumsum(0) - rows_per_rank
+    slot = torch.where(mask, base.unsqueeze(1) + pos, cap)  # unsent (rank, token) pairs write the dropped slot
+    tokens = (mask.new_ones(mask.shape, dtype=torch.int64).cumsum(1) - 1).view(-1)  # t at (r, t)
+    token = idx.new_zeros(cap + 1).scatter_(0, slot.view(-1), tokens)[:cap]
+    return rows_per_rank, pos, token, cap
+
+
+def _record_dtype(weights: torch.Tensor, n_tokens: int) -> torch.dtype:
+    """The dtype of the per-assignment record (row index, weight): fp32 holds both exactly while
+    the row index stays below 2**24 and the weights are at most fp32 wide; else fp64."""
+    wide = weights.dtype == torch.float64 or n_tokens > 2**24
+    return torch.float64 if wide else torch.float32
+
+
+def ep_dispatch_per_rank(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, n_experts: int, alignment: int,
+                         group: dist.ProcessGroup) -> RankDispatched:
+    """Send each token of ``x`` (T, dim) ONCE to every rank owning one of its ``idx`` (T, k) experts.
+
+    Three all-to-alls: the counts (per expert, plus the token rows per rank), the per-assignment
+    records (the row index among the tokens this rank sends the receiver, and the routing weight;
+    sorted by expert, so they arrive in ``moe_permute_indices``' sender-major, expert-minor order),
+    and the token rows themselves (``padded``: a ``T * min(k, ep)`` row buffer whose live prefix
+    moves). The receiver groups its assignments per local expert reading the received token rows.
+    """
+    ep = dist.get_world_size(group)
+    E_l = n_experts // ep
+    T, k = idx.shape
+    flat = idx.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = flat.new_zeros(n_experts).scatter_add_(0, flat, torch.ones_like(flat))
+    rows_per_rank, pos, token, cap = _rank_rows(idx, ep, E_l)
+    sent = torch.cat([counts.view(ep, E_l), rows_per_rank.view(ep, 1)], 1).reshape(-1)
+    got = exchange_counts(sent, group).view(ep, E_l + 1)
+    recv_counts, recv_rows = got[:, :E_l].reshape(-1), got[:, E_l]
+    assignments = counts.view(ep, E_l).sum(1)
+    recv_assignments = recv_counts.view(ep, E_l).sum(1)
+    # the one device-to-host copy: token rows and assignment records, sent and received, per rank
+    host = torch.stack([rows_per_rank, recv_rows, assignments, recv_assignments]).cpu()
+    row_splits, record_splits = host[:2], host[2:]
+    t_of = torch.div(order, k, rounding_mode="floor")
+    r_of = torch.div(flat[order], E_l, rounding_mode="floor")
+    rdt = _record_dtype(weights, T)
+    record = torch.stack([pos[r_of, t_of].to(rdt), weights.reshape(-1)[order].to(rdt)], -1)
+    count_under_comm_debug_mode()
+    received_record = ep_dispatch_op(record, record_splits, group.group_name)
+    received = ep_dispatch_op(x[token], row_splits, group.group_name, None, True)
+    n_recv, n_assign = received.shape[0], received_record.shape[0]
+    base = recv_rows.cumsum(0) - recv_rows  # first received row of each sender
+    local_row, received_weight = (c.squeeze(1) for c in received_record.split(1, dim=1))
+    local_row = local_row.to(torch.int64)
+    nth = torch.ones_like(local_row).cumsum(0) - 1  # arange(n_assign), whose length is data
+    sender = torch.searchsorted(recv_assignments.cumsum(0), nth, right=True)
+    row = local_row + base[sender]
+    weight = received_weight.to(weights.dtype)
+    max_len = permuted_length_bound(n_assign, E_l, alignment)
+    perm, _sizes, offs = moe_permute_indices(recv_counts, E_l, ep, max_len, alignment)
+    perm = perm.to(torch.int64)
+    target = torch.where(perm < 0, torch.full_like(perm, n_assign), perm)
+    # padding slots (-1) read the appended zero row (received row n_recv)
+    src = torch.cat([row, row.new_full((1,), n_recv)])[target]
+    x_grouped = torch.cat([received, received.new_zeros(1, received.shape[1])])[src]
+    slots = torch.arange(max_len, dtype=torch.int64, device=perm.device)
+    dest = perm.new_zeros(n_assign + 1).index_put((target,), slots)[:n_assign]
+    return RankDispatched(x_grouped, offs, dest, row, weight, n_recv, token, row_splits, group)
+
+
+def ep_combine_per_rank(y_grouped: torch.Tensor, d: RankDispatched, n_tokens: int,
+                        sum_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Weight and sum each received token's local expert outputs, send ONE row back per (token, rank),
+    add the ranks' partial sums per token -> (T, dim).
+
+    ``sum_dtype``: as :func:`ep_combine` (each product rounds where it does there); the partial
+    sums travel in the dtype they are summed in, so no rounding is added, only the order changes.
+    """
+    y = y_grouped[d.dest]  # received assignment order; never reads an uncomputed row
+    w = d.weight.unsqueeze(-1)
+    if sum_dtype is None:
+        contrib = y.to(d.weight.dtype) * w
+    else:
+        contrib = (y.to(sum_dtype).float() * w.float()).to(sum_dtype)
+    partial = contrib.new_zeros(d.n_recv, contrib.shape[-1]).index_add(0, d.row, contrib)
+    back = ep_combine_op(partial, d.splits, d.group.group_name, d.token.shape[0], True)
+    return back.new_zeros(n_tokens, back.shape[-1]).index_add(0, d.token, back)
+
+
 def local_experts(x_grouped: torch.Tensor, offs: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
                   w2: torch.Tensor, gmm_dtype: torch.dtype | None = None) -> torch.Tensor:
     """SwiGLU of this rank's experts on their padded groups (rows past ``offs[-1]`` are not computed)."""
@@ -167,7 +293,7 @@ def ep_routed_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor,
                       w3: torch.Tensor, w2: torch.Tensor, *, n_experts: int, alignment: int,
                       group: dist.ProcessGroup, gmm_dtype: torch.dtype | None = None,
                       sum_dtype: torch.dtype | None = None, experts_fn: ExpertsFn | None = None,
-                      custom_ops: bool = True) -> torch.Tensor:
+                      custom_ops: bool = True, dispatch: str = "per_expert") -> torch.Tensor:
     """The routed-expert output of this rank's tokens, (T, dim), computed by expert parallelism.
 
     ``w1/w3`` (E_l, dim, H_l) and ``w2`` (E_l, H_l, dim) are this rank's experts; with a
@@ -175,10 +301,21 @@ def ep_routed_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor,
     ``experts_fn(x_grouped, offs, w1, w3, w2)`` replaces :func:`local_experts` (another
     block's own expert math and layout, e.g. torchtitan's ``GroupedExperts``).
     ``sum_dtype``: see :func:`ep_combine`. ``custom_ops``: see the module docstring.
+    ``dispatch``: ``"per_expert"`` (a row per (token, expert)) or ``"per_rank"`` (a row per
+    (token, destination rank); custom ops only): see the module docstring.
     """
+    check_dispatch(dispatch, custom_ops)
+    experts = functools.partial(local_experts, gmm_dtype=gmm_dtype) if experts_fn is None else experts_fn
+    if dispatch == "per_rank":
+        r = ep_dispatch_per_rank(x, idx, weights, n_experts, alignment, group)
+        return ep_combine_per_rank(experts(r.x_grouped, r.offs, w1, w3, w2), r, x.shape[0], sum_dtype).to(x.dtype)
     d = ep_dispatch(x, idx, n_experts, alignment, group, custom_ops)
-    if experts_fn is None:
-        y = local_experts(d.x_grouped, d.offs, w1, w3, w2, gmm_dtype)
-    else:
-        y = experts_fn(d.x_grouped, d.offs, w1, w3, w2)
-    return ep_combine(y, d, weights, x.shape[0], sum_dtype).to(x.dtype)
+    return ep_combine(experts(d.x_grouped, d.offs, w1, w3, w2), d, weights, x.shape[0], sum_dtype).to(x.dtype)
+
+
+def check_dispatch(dispatch: str, custom_ops: bool = True) -> None:
+    """A ValueError naming the choices for an unknown ``dispatch``; per-rank needs the custom ops."""
+    if dispatch not in DISPATCH_MODES:
+        raise ValueError(f"dispatch={dispatch!r}: use one of {DISPATCH_MODES}")
+    if dispatch == "per_rank" and not custom_ops:
+        raise ValueError("dispatch='per_rank' moves its rows with the custom ops: pass custom_ops=True")
