@@ -46,7 +46,8 @@ def _key(row: RowLayouts) -> tuple:
     return (tuple(None if o is None else tuple(map(_pkey, o)) for o in outs), tuple(tuple(map(_pkey, i)) for i in ins))
 
 
-def _lift(row: RowLayouts, inputs: Sequence[int], m: int, q: Partial) -> RowLayouts:
+def _inputs_read_as_partial(row: RowLayouts, inputs: Sequence[int], m: int, q: Partial) -> RowLayouts:
+    """``row`` with the inputs numbered ``inputs`` read as ``q`` on mesh dim ``m`` (they were Replicate there)."""
     outs, ins = row
     return outs, tuple(tuple(q if (k in inputs and d == m) else p for d, p in enumerate(lay)) for k, lay in enumerate(ins))
 
@@ -88,11 +89,11 @@ def _maximal_lift(row: RowLayouts, m: int, q: Partial, present: set[tuple]) -> R
     current = row
     while True:
         replicated = [k for k, lay in enumerate(current[1]) if type(lay[m]) is Replicate]
-        step = next((c for k in replicated if _key(c := _lift(current, (k,), m, q)) in present), None)
+        step = next((c for k in replicated if _key(c := _inputs_read_as_partial(current, (k,), m, q)) in present), None)
         if step is None:
             break
         current = step
     replicated = [k for k, lay in enumerate(current[1]) if type(lay[m]) is Replicate]
-    if len(replicated) > 1 and _key(every := _lift(current, replicated, m, q)) in present:
+    if len(replicated) > 1 and _key(every := _inputs_read_as_partial(current, replicated, m, q)) in present:
         current = every
     return current
