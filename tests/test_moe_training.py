@@ -143,7 +143,6 @@ def gloo_curves() -> list[list[Curve]]:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("training_gloo")  # one shared gloo world (the module fixture) on one worker
 @pytest.mark.parametrize("i", range(len(GLOO)), ids=["-".join(map(str, r)) for r in GLOO])
 def test_gloo_training_equals_one_device(gloo_curves: list[list[Curve]], i: int) -> None:
     kind, shape, opt = GLOO[i]
