@@ -88,7 +88,7 @@ def test_status_lists_active_rules(capsys):
 
 
 def test_a_mesh_over_the_limit_is_refused_naming_the_limit(capsys):
-    """#18.11: `validate --mesh 64x64` used to run unbounded (4096 simulated ranks)."""
+    """`validate --mesh 64x64` (4096 simulated ranks) would run unbounded: it is refused, naming MAX_RANKS."""
     from dtensor_rules.cli.main import MAX_RANKS
 
     with pytest.raises(SystemExit) as e:
@@ -110,7 +110,7 @@ def test_every_subcommand_help_has_a_description(capsys):
 
 
 def test_validate_verbose_gives_each_missing_layout_its_reason(capsys):
-    """#18.11: `validate -v` listed "ours missing" layouts with no reason."""
+    """`validate -v` gives every "ours missing" layout the reason our rule does not offer it."""
     assert main(["validate", "--op", "cumsum", "--mesh", "2", "-v"]) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "ours missing:" in ln]
     assert lines  # cumsum leaves out P(sum) where an integer input is promoted (DTensor's int sums wrap)
@@ -154,7 +154,7 @@ def _fake_run_sh(tmp_path) -> tuple[dict, "Path"]:
 
 
 def test_run_sh_says_it_is_installing_before_the_long_first_install(tmp_path):
-    """#18.11: the first `./run.sh` installed torch for ~2.5 minutes without a word. A fake python
+    """The first `./run.sh` installs torch for minutes: it says so before it starts. A fake python
     stands in for venv and pip, so this runs run.sh's real logic in milliseconds."""
     env, log = _fake_run_sh(tmp_path)
 

@@ -159,7 +159,7 @@ def test_fma_dispatch_matches_single_device_and_exact_layouts_do_not_communicate
 GATHER_LIKE = [Replicate(), Shard(0), Shard(1), Partial("sum"), Partial("max")]
 
 
-@pytest.mark.slow  # ~7 s idle: ten dispatches on a simulated 8-rank mesh (pyproject.toml)
+@pytest.mark.slow  # ten dispatches on a simulated 8-rank mesh an example
 @given(ps=st.lists(st.sampled_from(GATHER_LIKE), min_size=3, max_size=3),
        pi=st.lists(st.sampled_from([Replicate(), Shard(0), Shard(1)]), min_size=3, max_size=3),
        src_dtype=st.sampled_from([torch.float32, torch.int64]), seed=st.integers(0, 1000))
@@ -273,8 +273,8 @@ def test_greedy_scoring_shortcuts_keep_the_documented_choice(data) -> None:  # n
 
 @pytest.mark.parametrize("dim", [0, 1])
 def test_cat_of_many_inputs_that_must_all_move_matches_torch(dim: int) -> None:
-    """The propagation-cost outlier (#10): 7 inputs sharded on the cat dim (uneven on 2 ranks),
-    Partial on another mesh dim, mixed dtypes (promotion): every input is redistributed."""
+    """The propagation-cost outlier of benchmarks/propagation_cost.py: 7 inputs sharded on the cat dim
+    (uneven on 2 ranks), Partial on another mesh dim, mixed dtypes (promotion): every input is redistributed."""
     g = torch.Generator().manual_seed(dim)
     shapes = [[5, 3] for _ in range(7)]
     for i, s in enumerate(shapes):
@@ -288,10 +288,10 @@ def test_cat_of_many_inputs_that_must_all_move_matches_torch(dim: int) -> None:
     torch.testing.assert_close(got, torch.cat(tensors, dim))
 
 
-def test_the_old_compact_package_is_a_warning_alias_of_dispatch() -> None:
-    """#21.5: ``dtensor_rules.compact`` was renamed ``dtensor_rules.dispatch``; old imports keep working,
-    warn naming the new module, and get the new modules themselves (a monkeypatch through the old
-    name reaches the code dispatch runs)."""
+def test_the_compact_package_is_a_warning_alias_of_dispatch() -> None:
+    """``dtensor_rules.compact`` is a deprecated alias of ``dtensor_rules.dispatch``: its imports work,
+    warn naming ``dtensor_rules.dispatch``, and get the dispatch modules themselves (a monkeypatch through the alias
+    reaches the code dispatch runs)."""
     import importlib
     import sys
 

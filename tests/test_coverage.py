@@ -107,7 +107,7 @@ class TestCoverageTable(TestCase):
 
 
 def test_strategies_count_what_dispatch_runs_and_explain_what_they_cannot_count(monkeypatch) -> None:
-    """#18.11: `coverage` showed "0" strategies unexplained. A strategy without input specs is counted
+    """No unexplained "0" in the strategies column: a strategy without input specs is counted
     as dispatch runs it; an answer that is not countable shows "-*" with a note under the table."""
     from dtensor_rules._upstream import TupleStrategy
     from dtensor_rules.testing import query
@@ -157,7 +157,7 @@ def test_every_moe_op_gets_a_cost_on_each_profile() -> None:
 class TestMoEBlockCoverage(TestCase):
     @pytest.mark.slow  # ~15 s: traces the MoE block twice (CLI and demo)
     def test_cli_and_demo_trace_the_same_named_model(self) -> None:
-        """`coverage` and demo section 2 trace one model (`moe_example`) and both outputs name it (#13)."""
+        """`coverage` and demo section 2 trace one model (`moe_example`) and both outputs name it."""
         import io
 
         from dtensor_rules.cli import demo
@@ -166,7 +166,7 @@ class TestMoEBlockCoverage(TestCase):
         self.assertExpectedInline(describe_moe_example(), """\
 traced: the demo's MoE block (dim 32, hidden 64, 4 experts top-2, 1 shared, permute_impl='kernel'), bf16, tokens 66x32, forward+backward""")
         report = coverage(*moe_example(), mesh_shape=(2, 2))
-        # #18.11: no bare "0" (slice_backward's rule states no input specs; dispatch lays inputs out as the output)
+        # no bare "0" (slice_backward's rule states no input specs; dispatch lays inputs out as the output)
         assert not [r.name for r in report.rows if r.strategies.split("-")[0] == "0"], report.table()
         _assert_rows_are_the_traced_ops_with_their_rule_source(report, *moe_example())
         ours = {r.name for r in report.rows if r.rule == "ours"}

@@ -56,7 +56,7 @@ def test_flop_rows_counts_what_torch_prices_at_zero_and_restores_registrations()
     from dtensor_rules.costs.flop_counter import registered_flop_formulas
 
     before, ours_before = set(fc.flop_registry), set(registered_flop_formulas())
-    assert ours_before == {torch.ops.aten._grouped_mm}  # torch's convention: matmul-like work only (#18.1)
+    assert ours_before == {torch.ops.aten._grouped_mm}  # torch's convention: matmul-like work only
     model = demo.demo_model(torch.float32, permute_impl="torch")
     x, cot = demo.demo_inputs(torch.float32, (10, demo.DEMO_CONFIG.dim))
     rows = {r["op"]: r for r in demo.flop_rows(model, x, cot)}

@@ -1,4 +1,4 @@
-"""Partial through dtype casts (issue 13.1): a Partial row is emitted only where the op's cast of
+"""Partial through dtype casts: a Partial row is emitted only where the op's cast of
 that operand is additive (sum/avg) or monotone (max/min), for fma (type promotion), softmax
 backward (``input_dtype``) and grouped mm (``out_dtype``).
 
