@@ -23,7 +23,7 @@ import torch
 from dtensor_rules.testing import run_gloo
 from tests._ep_workers import CASES, RankResult, WorkerResult, ep_worker, fsdp_worker
 
-pytestmark = pytest.mark.slow  # (--dist loadfile keeps the module's shared gloo worlds on one xdist worker)
+pytestmark = pytest.mark.slow
 
 RUNS_2D = [(case, torch.float32) for case in CASES] + [("random", torch.bfloat16), ("all_to_one", torch.bfloat16)]
 RUNS_1D = [("random", torch.float32), ("all_to_one", torch.float32)]
