@@ -1,4 +1,4 @@
-"""``add_balance_loss``: the optional load-balancing loss on torchtitan 0.3.0's own ``MoE`` (#20 item 3).
+"""``add_balance_loss``: the optional load-balancing loss on torchtitan 0.3.0's own ``MoE``.
 
 torchtitan 0.3.0 has no auxiliary loss. The oracle is the loss of torchtitan's own router outputs:
 a hook-free copy of the block's ``router`` called in plain torch on the same tokens gives

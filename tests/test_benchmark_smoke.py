@@ -1,5 +1,5 @@
 """benchmarks/planner_vs_upstream.py --quick is a smoke run: bounded work, tables on stdout, readable
-progress on stderr (#18.11: it ran > 5 min and printed raw dicts on stderr). No timing is asserted."""
+progress on stderr (a readable line per step, never a raw dict). No timing is asserted."""
 
 from __future__ import annotations
 

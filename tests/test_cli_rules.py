@@ -1,4 +1,4 @@
-"""#18.3: every rule the package ships is listable (`status`) and checkable (`validate --op`) from the CLI,
+"""Every rule the package ships is listable (`status`) and checkable (`validate --op`) from the CLI,
 including ``prims.fma`` before inductor is imported and the out= / in-place / hacked_twin overloads."""
 
 from __future__ import annotations

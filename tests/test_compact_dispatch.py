@@ -159,7 +159,7 @@ def test_fma_dispatch_matches_single_device_and_exact_layouts_do_not_communicate
 GATHER_LIKE = [Replicate(), Shard(0), Shard(1), Partial("sum"), Partial("max")]
 
 
-@pytest.mark.slow  # ~7 s idle: ten dispatches on a simulated 8-rank mesh (pyproject.toml)
+@pytest.mark.slow  # ten dispatches on a simulated 8-rank mesh an example
 @given(ps=st.lists(st.sampled_from(GATHER_LIKE), min_size=3, max_size=3),
        pi=st.lists(st.sampled_from([Replicate(), Shard(0), Shard(1)]), min_size=3, max_size=3),
        src_dtype=st.sampled_from([torch.float32, torch.int64]), seed=st.integers(0, 1000))
@@ -273,8 +273,8 @@ def test_greedy_scoring_shortcuts_keep_the_documented_choice(data) -> None:  # n
 
 @pytest.mark.parametrize("dim", [0, 1])
 def test_cat_of_many_inputs_that_must_all_move_matches_torch(dim: int) -> None:
-    """The propagation-cost outlier (#10): 7 inputs sharded on the cat dim (uneven on 2 ranks),
-    Partial on another mesh dim, mixed dtypes (promotion): every input is redistributed."""
+    """The propagation-cost outlier of benchmarks/propagation_cost.py: 7 inputs sharded on the cat dim
+    (uneven on 2 ranks), Partial on another mesh dim, mixed dtypes (promotion): every input is redistributed."""
     g = torch.Generator().manual_seed(dim)
     shapes = [[5, 3] for _ in range(7)]
     for i, s in enumerate(shapes):

@@ -86,7 +86,7 @@ def test_a_wrong_user_rule_is_caught_by_the_validator():
 
 
 def test_report_check_refuses_a_vacuous_report_and_checks_a_replicate_only_claim():
-    """#18.11: custom_ops.md's check passed on "0 valid combos". `RuleReport.check` fails there, names
+    """custom_ops.md's check must not pass on "0 valid combos": `RuleReport.check` fails there, names
     why, and checks the Replicate-only claim when the rule states it."""
     from dtensor_rules.testing import RuleCheckError
 

@@ -56,7 +56,7 @@ def test_flop_rows_counts_what_torch_prices_at_zero_and_restores_registrations()
     from dtensor_rules.costs.flop_counter import registered_flop_formulas
 
     before, ours_before = set(fc.flop_registry), set(registered_flop_formulas())
-    assert ours_before == {torch.ops.aten._grouped_mm}  # torch's convention: matmul-like work only (#18.1)
+    assert ours_before == {torch.ops.aten._grouped_mm}  # torch's convention: matmul-like work only
     model = demo.demo_model(torch.float32, permute_impl="torch")
     x, cot = demo.demo_inputs(torch.float32, (10, demo.DEMO_CONFIG.dim))
     rows = {r["op"]: r for r in demo.flop_rows(model, x, cot)}
@@ -92,27 +92,40 @@ a           1  x
 long name  22""")
 
     def test_plan_section(self) -> None:
+        """Section 4's prose, and its two plans with bytes and costs derived by hand: a 4096x7168 bf16
+        tensor (half of it a rank on the 2-rank tp dim), ring collectives on the default uniform
+        topology (87.7 GB/s, 0.6 us a hop, 6.6 us base, bytes counted in GiB)."""
+        from torch.distributed.tensor import Partial, Shard
+
+        from dtensor_rules.redistribute import plan
+
+        def ring_us(ranks: int, nbytes: int) -> float:
+            return 6.6 + (ranks - 1) * 0.6 + (ranks - 1) / ranks * nbytes / 2**30 / 87.7 * 1e6
+
+        src, dst, shape = (Partial(), Shard(0)), (Shard(0), Shard(0)), (4096, 7168)
+        half = 4096 * 7168 * 2 // 2  # bytes a rank holds of the tp-sharded bf16 tensor
+        ordered = plan((2, 2), shape, torch.bfloat16, src, dst, dst_device_order=(1, 0))
+        default = plan((2, 2), shape, torch.bfloat16, src, dst)
+        # in tp-major order the data is already where it goes: one reduce-scatter over ep
+        assert [(s.collective, s.mesh_dims, s.bytes) for s in ordered.steps] == [("reduce_scatter", (0,), half)]
+        # in DTensor's order it must then be re-dealt: two all_to_alls of the quarter each rank holds
+        assert [(s.collective, s.mesh_dims, s.bytes) for s in default.steps] == [
+            ("reduce_scatter", (0,), half), ("all_to_all", (1,), half // 2), ("all_to_all", (0, 1), half // 2)]
+        assert [s.cost_us for s in ordered.steps + default.steps] == pytest.approx(
+            [ring_us(2, half), ring_us(2, half), ring_us(2, half // 2), ring_us(4, half // 2)], rel=1e-9)
+
         out = io.StringIO()
         self.assertTrue(demo.section_plan((2, 2), out))
-        self.assertExpectedInline(out.getvalue(), """\
-
+        self.assertEqual(out.getvalue(), f"""
 == 4. redistribute to a non-default device order (dtensor_rules.plan) ==========
 routed-expert output, Partial over ep and token-sharded over tp, to token-sharded over both.
 device_order=(1, 0): tp splits the tokens first, ep second -- the layout the data already has:
-step  collective      mesh dims  bytes     cost_us  layout after
-0     start                                         PS(0)
-1     reduce_scatter  (0)        29360128  163.1    S(0)[1,0]
-total 163.1 us, peak 29360128 bytes/rank, mesh (2, 2), shape (4096, 7168)
+{ordered.explain()}
 
 the same move to DTensor's default order (0, 1):
-step  collective      mesh dims  bytes     cost_us  layout after
-0     start                                         PS(0)
-1     reduce_scatter  (0)        29360128  163.1    S(1)S(0)
-2     all_to_all      (1)        14680064  85.1     S(1)[0,1]
-3     all_to_all      (0,1)      14680064  125.3    S(0)[0,1]
-total 373.6 us, peak 29360128 bytes/rank, mesh (2, 2), shape (4096, 7168)
+{default.explain()}
 
-the device order saves 2.3x (1 vs 3 collectives)
+the device order saves {default.cost_us / ordered.cost_us:.1f}x (1 vs 3 collectives)
 
 executed on the simulated mesh, tensor 10x3 (uneven): full_tensor() == input: True
 rank (ep, tp)  rows held

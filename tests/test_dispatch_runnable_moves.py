@@ -1,10 +1,10 @@
-"""Dispatch only chooses input moves DTensor runs (#18.7), and takes the next best row where a
-collective would make empty shards (#18.6), on torch 2.13 and 2.14.
+"""Dispatch only chooses input moves DTensor runs, and takes the next best row where a
+collective would make empty shards, on torch 2.13 and 2.14.
 
 DTensor's dispatch moves an input Shard -> Partial only on 2.14 and only to Partial("sum"),
 and never one Partial kind -> another. An ``out=`` tensor laid out Partial with a sharded input
-used to get a strategy needing such a move and fail inside redistribution ("redistribute from
-S(1) to P(min) not supported yet"); now it runs where DTensor can (plain torch is the oracle) and
+must not get a strategy needing such a move (it would fail inside redistribution: "redistribute from
+S(1) to P(min) not supported yet"): it runs where DTensor can (plain torch is the oracle) and
 otherwise raises the out= layout error naming the fix.
 """
 
@@ -156,8 +156,8 @@ def test_partial_self_of_an_inplace_op_with_a_sharded_operand() -> None:
 
 
 def test_uneven_inputs_keep_their_shards_where_upstream_moved_them() -> None:
-    """The reported case: cat of (3, 4096) laid out (S0, S0) and (S0, R) on 2x2 moved 327,680 B
-    in 3 collectives; the (S0, R) one is chunked locally now (empty shards are fine: nothing moves)."""
+    """cat of (3, 4096) laid out (S0, S0) and (S0, R) on 2x2: the (S0, R) one is chunked locally
+    (empty shards are fine: nothing moves), not moved in 3 collectives (327,680 B)."""
     x, y = torch.randn(3, 4096, generator=G), torch.randn(3, 4096, generator=G)
     with simulated_mesh((2, 2)) as mesh:
         dx, dy = to_dtensor(x, mesh, [Shard(0), Shard(0)]), to_dtensor(y, mesh, [Shard(0), Replicate()])

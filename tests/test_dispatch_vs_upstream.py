@@ -1,4 +1,4 @@
-"""Compact dispatch never moves more bytes than upstream's choice for the same inputs (#18.6).
+"""Compact dispatch never moves more bytes than upstream's choice for the same inputs.
 
 Property: for random layouts of random shapes (uneven and empty shards, size-1 dims, Partial of
 every reduce op, 1-D to 3-D simulated meshes) the bytes that dispatch's redistribution moves
@@ -299,10 +299,10 @@ def compare(call: Call, mesh_shape: tuple[int, ...], layouts: list[list[Any]]) -
 
 
 def test_softmax_backward_follows_a_held_sharding_of_a_too_small_dim() -> None:
-    """#18.6, found by the dev profile: g (R, R) and y (S(0), S(1)) of a 1x1 tensor on 2x2, softmax
-    dim 0. Upstream follows y's S(1) on mesh dim 1 (8 B moved); ours refused any target sharding
-    a dim smaller than its shard count unless it was an input's WHOLE layout, so it replicated
-    everything (24 B). The class: a too-small dim sharded as some input already shards it."""
+    """A counterexample the dev profile found: g (R, R) and y (S(0), S(1)) of a 1x1 tensor on 2x2, softmax
+    dim 0. Upstream follows y's S(1) on mesh dim 1 (8 B moved); a rule refusing any target sharding
+    a dim smaller than its shard count unless it is an input's WHOLE layout replicates everything
+    (24 B). The class: a too-small dim sharded as some input already shards it."""
     op = aten._softmax_backward_data.default
     for dim, g_layout, y_layout in [
         (0, [Replicate(), Replicate()], [Shard(0), Shard(1)]),
@@ -324,9 +324,9 @@ def test_cat_follows_a_held_sharding_of_a_too_small_dim() -> None:
 
 
 def test_reduce_scatters_into_empty_shards_are_chosen_where_they_run() -> None:
-    """#18.6, the last two counterexamples (dev and thorough profiles): upstream reduce-scatters a
-    Partial input into empty shards of a dim another mesh dim also shards; ours refused every such
-    move (16 B vs 0 for an empty slice_scatter source, 240 B vs 192 B for a cat on 2x2x2). Now only
+    """Two counterexamples the dev and thorough profiles found: upstream reduce-scatters a
+    Partial input into empty shards of a dim another mesh dim also shards; refusing every such
+    move costs 16 B vs 0 for an empty slice_scatter source, 240 B vs 192 B for a cat on 2x2x2. Only
     the move the simulated mesh cannot run is refused (tests/test_dispatch_runnable_moves.py), and
     the index_put case that move would crash on runs and still equals plain torch."""
     slice_scatter = Call(aten.slice_scatter.default,

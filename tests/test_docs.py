@@ -50,7 +50,7 @@ def test_the_docs_exist_and_have_examples() -> None:
 
 
 def test_the_readme_leads_with_expert_parallel_and_pins_its_output() -> None:
-    """#18.9: the first example is what a trainer should use, and what it prints is checked."""
+    """The first example is what a trainer should use, and what it prints is checked."""
     (code, expected), *_ = blocks_with_output(ROOT / "README.md")
     assert "expert_parallel(" in code and expected is not None
     paths = {ln.split()[0]: ln for ln in expected.splitlines() if ln.startswith("  ")}
@@ -140,7 +140,7 @@ def test_documented_pythonpath_points_at_src() -> None:
 
 
 def test_a_doc_that_needs_the_test_extra_says_how_to_install_it() -> None:
-    """#18.11: writing_rules.md's examples import hypothesis, which only the [test] extra installs."""
+    """writing_rules.md's examples import hypothesis, which only the [test] extra installs."""
     silent = {}
     for path in with_blocks():
         code = "\n".join(python_blocks(path))

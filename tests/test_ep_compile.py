@@ -1,4 +1,4 @@
-"""#20.4: the expert-parallel block (``expert_parallel``, all-to-all dispatch) under ``torch.compile(dynamic=True)``.
+"""The expert-parallel block (``expert_parallel``, all-to-all dispatch) under ``torch.compile(dynamic=True)``.
 
 The token moves are the custom ops ``dtensor_rules::ep_dispatch`` / ``ep_combine``
 (``dtensor_rules.ep.all_to_all``): one opaque node each, the received row count an

@@ -9,9 +9,9 @@ tokens. Each call's output and the gradients of the tokens and of every paramete
 on one device (plain torch; the expert matmuls in bf16 in both, see ``compiled_sweep_worker``).
 
 What it pins down (``_upstream/static_shards.py``): with 2 tokens every rank holds one row, whose
-size Dynamo makes static, and the backward used to fix the global size to 2 only while
-AOTAutograd traced it: ``TypeError: 'NoneType' object cannot be interpreted as an integer`` at the
-first call. And a global size that is a constant (0 or 1 tokens in all) was not guarded: the
+size Dynamo makes static, and unguarded the backward fixes the global size to 2 only while
+AOTAutograd traces it: ``TypeError: 'NoneType' object cannot be interpreted as an integer`` at the
+first call. And a global size that is a constant (0 or 1 tokens in all) needs a guard: without it the
 graph compiled for 0 tokens ran again for 1 token on the rank holding none (a hang: the ranks ran
 different collectives). The same world checks that upstream still has the second defect (plain
 ``x * 2`` compiled, outside the EP block), which is why the EP region installs the guard itself.

@@ -23,7 +23,7 @@ import torch
 from dtensor_rules.testing import run_gloo
 from tests._ep_workers import CASES, RankResult, WorkerResult, ep_worker, fsdp_worker
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("expert_parallel_gloo")]  # see pyproject.toml
+pytestmark = pytest.mark.slow
 
 RUNS_2D = [(case, torch.float32) for case in CASES] + [("random", torch.bfloat16), ("all_to_one", torch.bfloat16)]
 RUNS_1D = [("random", torch.float32), ("all_to_one", torch.float32)]

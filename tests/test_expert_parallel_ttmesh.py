@@ -103,7 +103,7 @@ def test_borrowed_ep_equals_one_device(mesh_shape: tuple[int, int], ep_dims: tup
     assert held == sum(model.get_parameter(n).numel() for n in ("w1", "w3", "w2")) * 4 // n_ep
 
 
-@pytest.mark.slow  # 6 s idle, 17 s loaded on the shared 2-core machine (torchtitan's import and bf16 grouped mm)
+@pytest.mark.slow  # torchtitan's import and bf16 grouped mm
 def test_borrowed_ep_torchtitan_moe_equals_its_single_device() -> None:
     """torchtitan's block, (B, L, D) tokens batch-sharded on dp_shard and sequence-sharded on tp.
 

@@ -49,7 +49,7 @@ with simulated_mesh((2,)) as mesh:
     assert "Traceback" not in proc.stderr, proc.stderr[:3000]
 
 
-# --------------------------------------------------------------------------- #18.8: src/ layout
+# --------------------------------------------------------------------------- the src/ layout
 def _find_package(cwd: Path, installed: bool) -> str:
     """Where ``import dtensor_rules`` resolves for a script run in ``cwd``: the origin file, "namespace",
     or "missing". ``-S`` drops site-packages (no other install can answer); ``installed`` stands for
@@ -95,4 +95,4 @@ def test_subprocesses_of_tests_and_benchmarks_import_this_checkout() -> None:
     bad = [f"{p.relative_to(ROOT)}:{i}" for p in sorted([*(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")])
            for i, ln in enumerate(p.read_text().splitlines(), 1) if pattern.search(ln)]
     assert not bad, bad
-    assert pattern.search("env = dict(os.environ, PYTHONPATH=" + "str(ROOT))")  # the control: the old spelling is caught
+    assert pattern.search("env = dict(os.environ, PYTHONPATH=" + "str(ROOT))")  # the control: the spelling without src/ is caught

@@ -1,4 +1,4 @@
-"""#18.1: what ``import dtensor_rules`` adds to FlopCounterMode follows torch's convention.
+"""What ``import dtensor_rules`` adds to FlopCounterMode follows torch's convention.
 
 FlopCounterMode counts floating matrix-engine work only; tools divide its totals by a per-dtype
 TFLOP/s table. After the import: integer sorting/scanning/scatters count 0 there (their cost stays

@@ -1,4 +1,4 @@
-"""Bool masks of ``x[mask]`` on DTensors (#13.4, #10.5): validated like torch, and ordinary long
+"""Bool masks of ``x[mask]`` on DTensors: validated like torch, and ordinary long
 indices never go through a per-call Python handler."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def test_matching_masks_still_work(placement) -> None:
 
 
 def test_index_tensor_has_no_custom_handler() -> None:
-    """#10.5: a handler would put every index call on the Python path; masks go via the cache-miss hook."""
+    """A handler would put every index call on the Python path; masks go via the cache-miss hook."""
     assert aten.index.Tensor not in custom_op_handlers()
     assert aten.bincount.default in custom_op_handlers()  # data-dependent output: still a handler
 
@@ -71,7 +71,7 @@ def test_mask_patch_is_undone_by_uninstall() -> None:
 
 
 def test_bincount_handler_caches_its_choice(monkeypatch) -> None:
-    """#10.5: the second identical call does not expand the rule again."""
+    """The second identical call does not expand the rule again."""
     from dtensor_rules.dispatch import custom_handler as _rule_dispatch
 
     calls = []
@@ -118,7 +118,7 @@ def _count_cache_misses(rank: int, world: int) -> tuple[int, int]:
 
 @pytest.mark.slow
 def test_long_index_calls_stay_on_the_fast_path_on_gloo() -> None:
-    """#10.5, structurally (timings on a shared machine are noise): after the first call, x[i] with
+    """Structurally, not by timing: after the first call, x[i] with
     long indices never calls back into Python propagation; each x[mask] does (by design)."""
     from dtensor_rules.testing import run_gloo
 

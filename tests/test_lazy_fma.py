@@ -45,7 +45,7 @@ def test_fma_rule_arrives_with_inductor_and_not_before() -> None:
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
 
 
-# #18.2: the deferred install runs at someone else's import (torch.compile imports inductor): it must not
+# the deferred install runs at someone else's import (torch.compile imports inductor): it must not
 # crash there when a profiler or logging tool has wrapped DTensor's propagator, nor for any other reason.
 WRAPPED = textwrap.dedent(
     """

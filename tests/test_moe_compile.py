@@ -1,4 +1,4 @@
-"""#10.4: the MoE block under ``torch.compile(backend="aot_eager", dynamic=True)`` on DTensor inputs.
+"""The MoE block under ``torch.compile(backend="aot_eager", dynamic=True)`` on DTensor inputs.
 
 Real gloo ranks on a 2x2 ("ep", "tp") mesh, the gather path (:func:`shard_moe`), experts in bf16
 (the ``_grouped_mm`` meta kernel, which compiled code runs on fake tensors, accepts only bf16).

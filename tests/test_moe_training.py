@@ -1,10 +1,10 @@
-"""Training steps on distributed meshes equal one device (issue 18 item 4).
+"""Training steps on distributed meshes equal one device.
 
 The class of bug: a tensor the package distributes on a simulated mesh must be a separate
 value on every simulated rank. A replicated parameter made outside ``LocalTensorMode`` (the
-router ``gate``) used to stay ONE plain tensor shared by all ranks, so an optimizer step
-applied its update once per rank (4x on 2x2) and the loss curve left one device's at step 2,
-while every gradient was right. And a model built inside the mesh drew its init once per
+router ``gate``) left as ONE plain tensor shared by all ranks would get an optimizer step's
+update once per rank (4x on 2x2): the loss curve leaves one device's at step 2 while every
+gradient is right. And a model built inside the mesh drew its init once per
 rank from one generator, so its "replicated" parameters differed between ranks.
 
 - no two simulated ranks of any parameter, buffer, gradient or optimizer state share storage
@@ -16,9 +16,9 @@ rank from one generator, so its "replicated" parameters differed between ranks.
 
 Tolerance (fp32): ``atol = rtol = 1e-5``. Observed: losses within 2.4e-7, parameters within
 4.2e-6 (AdamW divides each update by ``sqrt(v)``, so an element whose gradient is rounding
-noise moves by up to ``lr`` in a direction rounding picks; SGD stays within 6e-8). Before the
-fix, on 2x2, the loss after the first step already differed (by up to 2.5e-2) and the final
-parameters by up to 5.3e-2 (SGD) and 2.5e-2 (AdamW); a model built inside the mesh was off by 1.3.
+noise moves by up to ``lr`` in a direction rounding picks; SGD stays within 6e-8). The shared-tensor
+bug moves the loss after the first step on 2x2 by up to 2.5e-2 and the final parameters by up to
+5.3e-2 (SGD) and 2.5e-2 (AdamW); a model built inside the mesh with one init draw is off by 1.3.
 """
 
 from __future__ import annotations
@@ -143,7 +143,6 @@ def gloo_curves() -> list[list[Curve]]:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("training_gloo")  # one shared gloo world (the module fixture) on one worker
 @pytest.mark.parametrize("i", range(len(GLOO)), ids=["-".join(map(str, r)) for r in GLOO])
 def test_gloo_training_equals_one_device(gloo_curves: list[list[Curve]], i: int) -> None:
     kind, shape, opt = GLOO[i]

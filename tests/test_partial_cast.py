@@ -55,7 +55,7 @@ def test_sum_refused_for_every_non_identity_cast(src: torch.dtype, dst: torch.dt
     assert not partial_survives_cast("avg", src, dst)
 
 
-def test_issue_13_1_counterexample_is_refused() -> None:
+def test_a_sum_partial_that_overflows_fp16_is_not_carried_through_the_cast() -> None:
     parts = [torch.tensor([70000.0, 1, 1]), torch.tensor([-70000.0, -1, 0])]
     assert torch.isnan(_reduce("sum", [p.half() for p in parts])).any()  # what carrying the Partial gives
     assert not partial_survives_cast("sum", torch.float32, torch.float16)

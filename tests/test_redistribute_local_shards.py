@@ -1,4 +1,4 @@
-"""``dtensor_rules.testing.local_shards``: the public way to see per-rank shards (#13)."""
+"""``dtensor_rules.testing.local_shards``: the public way to see per-rank shards."""
 
 from __future__ import annotations
 

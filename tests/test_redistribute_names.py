@@ -1,4 +1,4 @@
-"""The planner package is importable under its documented path; no top-level name shadows it (#13)."""
+"""The planner package is importable under its documented path; no top-level name shadows it."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ def _pair(case: dict) -> tuple[MoE, torch.nn.Module]:
     return ours, theirs
 
 
-@pytest.mark.slow  # ~14 s on the loaded 2-core machine: one torchtitan router built per example
+@pytest.mark.slow  # one torchtitan router built per example
 @given(router_cases())
 def test_route_equals_torchtitans_router(case: dict) -> None:
     ours, theirs = _pair(case)

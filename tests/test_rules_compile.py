@@ -1,4 +1,4 @@
-"""#10.4: every rule of the scan / gather-scatter / indexing / counting families under
+"""Every rule of the scan / gather-scatter / indexing / counting families under
 ``torch.compile(backend="aot_eager", dynamic=True, fullgraph=True)`` on DTensor inputs, with backed
 dynamic sizes and with unbacked sizes (``mark_unbacked`` on every dim of every input). Rules must
 not guard on a data-dependent size; an unknown size falls back to fewer strategies, never a wrong

@@ -1,4 +1,4 @@
-"""Every shipped rule through real DTensor dispatch, against plain torch on the full tensors (#21.6).
+"""Every shipped rule through real DTensor dispatch, against plain torch on the full tensors.
 
 Not our validator: DTensors on a simulated 2x2 mesh, the op called on them (our installed rule
 picks the strategy, DTensor redistributes and runs the local kernel on every rank), the result
@@ -145,7 +145,7 @@ def test_decomposed_ops_are_the_ones_torch_decomposes() -> None:
 
 
 def test_every_shipped_rule_has_a_dispatch_case() -> None:
-    """The cases above are the registry's shipped set as it stands now (prims.fma included, whose
+    """The cases above are the registry's shipped set (prims.fma included, whose
     rule registers once inductor defines the op): a rule added later, or in a new module, gets a
     case or this fails; each case fails unless a sharded or Partial layout ran."""
     assert set(SHIPPED) == set(_shipped())

@@ -30,7 +30,7 @@ def fma_args(draw):
     return operand(), operand(), draw(dst.tensors(out, dtype))
 
 
-@pytest.mark.slow  # ~9 s idle: the ground-truth sweep over three operands on (2, 2) (pyproject.toml)
+@pytest.mark.slow  # the ground-truth sweep over three operands on (2, 2)
 @given(fma_args(), st.sampled_from(MESHES))
 def test_fma_rule_is_sound_and_complete(args, mesh_shape):
     assert_rule_sound_and_complete(fma, args, None, mesh_shape)

@@ -53,7 +53,7 @@ def indexed_call(draw, with_src: bool):  # noqa: ANN001, ANN201
     return mesh, self_t, dim, index, src
 
 
-@pytest.mark.slow  # ~9 s idle: every emitted strategy against the ground truth (pyproject.toml)
+@pytest.mark.slow  # every emitted strategy against the ground truth
 @given(indexed_call(with_src=False))
 def test_gather_every_emitted_strategy_is_correct(call) -> None:  # noqa: ANN001
     mesh, self_t, dim, index, _ = call
@@ -75,7 +75,7 @@ def test_scatter_reduce_every_emitted_strategy_is_correct(call, reduce, include_
     assert_no_incorrect(aten.scatter_reduce.two, args, {"include_self": include_self}, mesh)
 
 
-@pytest.mark.slow  # ~5 s idle: every emitted strategy against the ground truth (pyproject.toml)
+@pytest.mark.slow  # every emitted strategy against the ground truth
 @given(indexed_call(with_src=False), st.sampled_from([0, 0.0, 1.5, -2]))
 def test_scatter_value_every_emitted_strategy_is_correct(call, value) -> None:  # noqa: ANN001
     mesh, self_t, dim, index, _ = call

@@ -1,4 +1,4 @@
-"""_grouped_mm with empty operands through real DTensor dispatch, forward and backward (issue 18.5).
+"""_grouped_mm with empty operands through real DTensor dispatch, forward and backward.
 
 Empty groups are normal in MoE: a rank can receive no tokens (M = 0), an expert no rows (repeated
 ``offs``), a dim can be 0. Contiguous empty tensors have strides like ``(1, 1)`` (``(16, 0)``), which
@@ -197,14 +197,14 @@ def _assert_matches(call: Call, da: DTensor, db: DTensor, got: tuple, want: tupl
 @pytest.mark.parametrize(
     "a_shape, pa, b_shape, pb",
     [
-        ((0, 16), Shard(1), (2, 16, 16), Shard(1)),  # the issue's four cases, M = 0 on a 2-rank mesh
+        ((0, 16), Shard(1), (2, 16, 16), Shard(1)),  # M = 0 tokens on a 2-rank mesh, a and b sharded four ways
         ((0, 16), Shard(1), (2, 16, 16), Replicate()),
         ((0, 16), Shard(0), (2, 16, 16), Shard(1)),
         ((2, 0, 16), Shard(2), (2, 16, 16), Shard(1)),
     ],
     ids=["2x3 a S1 b S1", "2x3 a S1 b R", "2x3 a S0 b S1", "3x3 a S2 b S1"],
 )
-def test_issue_cases_zero_tokens_backward(dtype: torch.dtype, a_shape: tuple, pa, b_shape: tuple, pb) -> None:  # noqa: ANN001
+def test_zero_tokens_backward_with_sharded_operands_matches_one_device(dtype: torch.dtype, a_shape: tuple, pa, b_shape: tuple, pb) -> None:  # noqa: ANN001
     g = torch.Generator().manual_seed(0)
     offs = torch.tensor([0, 0], dtype=torch.int32) if len(a_shape) == 2 else None
     out_shape = (0, 16) if len(a_shape) == 2 else (2, 0, 16)

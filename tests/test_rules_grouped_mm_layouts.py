@@ -1,4 +1,4 @@
-"""_grouped_mm through DTensor for every local layout DTensor can hand the kernel (issue 13.3).
+"""_grouped_mm through DTensor for every local layout DTensor can hand the kernel.
 
 The CPU kernel (fp32, fp16 and bf16 alike) rejects a leading stride that is not a multiple of
 16 bytes, and checks it even on size-1 dims (a (1, 16) view with stride (18, 1) is rejected,
@@ -43,7 +43,7 @@ def test_kernel_rejects_narrowed_size1_view_on_cpu(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_issue_case_k_sharded_over_3_ranks_with_partial_b(dtype: torch.dtype) -> None:
+def test_k_sharded_unevenly_over_3_ranks_with_partial_b_matches_one_device(dtype: torch.dtype) -> None:
     """(1, 16) ``a`` sharded on K over 3 ranks (6, 5, 5), ``b`` Partial: single device works, so must DTensor."""
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(1, 16, generator=g).to(dtype), torch.randn(2, 16, 8, generator=g).to(dtype)

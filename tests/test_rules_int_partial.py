@@ -1,4 +1,4 @@
-"""#13.2: integer / bool operands whose chosen strategy needs Replicate -> Partial(sum).
+"""Integer / bool operands whose chosen strategy needs Replicate -> Partial(sum).
 
 Upstream partitions a replicated value as ``v / n`` (a float); our ``exact_int_partition`` patch
 keeps the value on mesh coordinate 0 and zeros elsewhere. Every call runs through real DTensor

@@ -105,7 +105,7 @@ def test_dtensor_cumsum_matches_single_device(dtype, placement, kwargs) -> None:
 
 
 def test_dtensor_narrowing_dtype_reduces_the_partial_first() -> None:
-    """float64 P(sum) with dtype=float32: the cast is not additive (#13.1), so no Partial is carried."""
+    """float64 P(sum) with dtype=float32: the cast is not additive, so no Partial is carried."""
     x = torch.randn(4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     with simulated_mesh((2,)) as mesh:
         out = torch.cumsum(to_dtensor(x, mesh, [Partial("sum")]), 0, dtype=torch.float32)
@@ -198,7 +198,7 @@ P(sum), P(sum), P(sum)
 P(avg), P(avg), P(avg)""")
 
 
-# ------------------------------------------------------------------ #13.1: Partial through a dtype cast
+# ------------------------------------------------------------------ Partial through a dtype cast
 CAST_SRC = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.int16, torch.uint8]
 CAST_DST = [None, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64]
 
@@ -255,7 +255,7 @@ def test_dtensor_cumsum_every_cast_pair() -> None:
     assert not failures, f"{len(failures)} of {len(CAST_CASES)} cases wrong:\n" + "\n".join(failures)
 
 
-def test_issue_13_1_fp16_cumsum_of_cancelling_partial() -> None:
+def test_fp16_cumsum_of_a_cancelling_fp32_partial_is_reduced_before_the_cast() -> None:
     from dtensor_rules._upstream import LocalTensor
     from torch.distributed.tensor import DTensor
 
@@ -268,7 +268,7 @@ def test_issue_13_1_fp16_cumsum_of_cancelling_partial() -> None:
 
 @pytest.mark.parametrize("mesh_shape, out_pl", [((2,), [Shard(1)]), ((2, 2), [Shard(0), Shard(1)])], ids=str)
 def test_dtensor_cumsum_out_sharded_on_scan_dim_is_a_clear_error(mesh_shape, out_pl) -> None:
-    """#13.6: was "min() arg is an empty sequence"; now names the out= layout and the fix."""
+    """An error that names the out= layout and the fix (not "min() arg is an empty sequence")."""
     x = torch.randn(6, 4)
     with simulated_mesh(mesh_shape) as mesh:
         o = to_dtensor(torch.empty(6, 4), mesh, out_pl)

@@ -1,6 +1,6 @@
 """cat / slice_scatter at dispatch: few strategies priced, rows polynomial in inputs, results exact.
 
-Dispatch (one current layout per input) gets at most two strategies (#13.5, #10); solvers
+Dispatch (one current layout per input) gets at most two strategies; solvers
 get the full enumeration; whatever dispatch picks must reproduce plain torch.
 """
 
@@ -34,7 +34,8 @@ def _cat_schema(mesh, shapes, placements, dim=0) -> OpSchema:  # noqa: ANN001
 
 
 def test_cat_dispatch_prices_at_most_two_strategies_for_many_inputs() -> None:
-    """#13.5: 6 and 12 inputs on a (2, 2, 2) mesh; the old rule priced 450+ (minutes for 6 inputs)."""
+    """6 and 12 inputs on a (2, 2, 2) mesh: pricing the full enumeration would be 450+ strategies
+    (minutes for 6 inputs)."""
     with fake_world(8):
         mesh = init_device_mesh("cpu", (2, 2, 2))
         P, S0 = Partial("max"), Shard(0)

@@ -139,7 +139,7 @@ def test_cat_partial_inputs_of_mixed_dtypes(data) -> None:  # noqa: ANN001
 
 
 def test_cat_int_partial_sum_with_int_replicate_stays_int() -> None:
-    """#13.7: upstream turns the Replicate operand into Partial(sum) by dividing it (float32)."""
+    """Upstream turns the Replicate operand into Partial(sum) by dividing it (float32)."""
     a, b = torch.tensor([[5, -3]]), torch.tensor([[7, 9]])
     with simulated_mesh((2,)) as mesh:
         pa = _dtensor([a, torch.tensor([[2, 2]])], mesh, "sum")

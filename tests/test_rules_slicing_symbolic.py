@@ -1,6 +1,6 @@
-"""cat / slice_scatter under torch.compile with backed dynamic and unbacked sizes (#10.4).
+"""cat / slice_scatter under torch.compile with backed dynamic and unbacked sizes.
 
-The rules must not guard on a data-dependent size (the old cat rule evaluated
+The rules must not guard on a data-dependent size (a cat rule evaluating
 ``shape[cat_dim] != 0``, slice_scatter ``slice(...).indices(size)``): an unknown emptiness or
 "full slice" drops the rows that need it. DTensor inputs on a fake process group; layouts that
 need no communication, so rank 0's local result is real and compared with plain torch.

@@ -1,4 +1,4 @@
-"""Symbolic shapes (issue 10.4): _grouped_mm, prims.fma and softmax backward on DTensor inputs under
+"""Symbolic shapes: _grouped_mm, prims.fma and softmax backward on DTensor inputs under
 ``torch.compile(backend="aot_eager", dynamic=True, fullgraph=True)``, with backed dynamic sizes and
 with unbacked sizes (``mark_unbacked``; the token count M of a grouped mm is THE dynamic MoE case).
 

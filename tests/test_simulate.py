@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from dtensor_rules._upstream import LocalTensor
 from torch.distributed.tensor import distribute_tensor
@@ -41,8 +41,7 @@ def test_local_input_matches_dtensor_shards(layout):
     st.integers(0, 100),
 )
 def test_partial_split_reduces_back(reduce_op, n, shape, dtype, salt):
-    if reduce_op == "avg" and not dtype.is_floating_point:
-        return
+    assume(reduce_op != "avg" or dtype.is_floating_point)  # an integer Partial has no avg
     x = (torch.randn(shape) * 5).to(dtype)
     parts = torch.stack([split_partial(x, reduce_op, n, i, salt) for i in range(n)])
     reduced = {"sum": parts.sum(0), "avg": parts.double().mean(0), "max": parts.amax(0), "min": parts.amin(0)}[reduce_op]

@@ -114,7 +114,7 @@ def test_upstream_rules_are_asked_after_uninstall(joint) -> None:
 
 
 def test_solver_mode_rows_cost_at_most_ten_percent_more_variables_and_no_worse_objective(joint) -> None:
-    """Issue 19 item 6 on the small block: ours (trimmed) vs upstream's rules vs ours in full."""
+    """Solver-mode rows on the small block: ours (trimmed) vs upstream's rules vs ours in full."""
     from dtensor_rules.op_rules._solver_rows import full_enumeration
 
     model, jg = joint
@@ -269,7 +269,7 @@ def test_an_ep_row_prices_each_rank_on_its_own_share_of_the_index() -> None:
     """The permute ``x[token]`` in an expert-parallel row (x ``Shard(0)``, ids ``Replicate`` ->
     ``TokenRows(0)``): in the EP region each rank gathers only its own tokens' rows, so it costs
     what the same gather on a quarter of the ids does (ids ``Shard(0)``), not the whole-index
-    gather (4x the rows) it was priced at before."""
+    gather (4x the rows)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from dtensor_rules._upstream import TensorMeta

@@ -1,4 +1,4 @@
-"""Solver-mode rows (issue 19 item 6): a solver's query (several candidate specs per input) gets
+"""Solver-mode rows: a solver's query (several candidate specs per input) gets
 the rows it can use and no dominated ones; dispatch is unaffected; the switch restores all rows."""
 
 from __future__ import annotations

@@ -11,43 +11,17 @@ plain torch on the full tensors; later worlds are the ones a rank-blind cache br
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-from torch.testing._internal.common_distributed import spawn_threads_and_init_comms
-from torch.testing._internal.distributed.multi_threaded_pg import _uninstall_threaded_pg
 
 import dtensor_rules  # noqa: F401  (installs the rules)
+from tests._thread_ranks import run_on_thread_ranks
 
 WORLD = 4
-
-
-def _run_worlds(body: Callable[[], None], worlds: int) -> list[str]:
-    """Run ``body`` on every rank of ``worlds`` successive thread worlds; the failures, by world and rank."""
-    failures: list[str] = []
-    lock = threading.Lock()
-
-    class _World:
-        @spawn_threads_and_init_comms(world_size=WORLD)
-        def run(self) -> None:
-            try:
-                body()
-            except AssertionError as e:
-                with lock:
-                    failures.append(f"world {self.index}, rank {torch.distributed.get_rank()}: {e}")
-
-    for index in range(worlds):
-        world = _World()
-        world.index = index
-        try:
-            world.run()
-        finally:  # the decorator leaves its thread-local world installed; later tests in this worker need the real one
-            _uninstall_threaded_pg()
-    return failures
 
 
 def _gather_then_take_along_dim() -> None:
@@ -83,4 +57,8 @@ def _gather_on_2d_mesh() -> None:
 
 @pytest.mark.parametrize("body", [_gather_then_take_along_dim, _gather_on_2d_mesh], ids=lambda f: f.__name__)
 def test_masked_gather_in_successive_thread_worlds_equals_plain_torch(body: Callable[[], None]) -> None:
-    assert _run_worlds(body, worlds=3) == []
+    for world in range(3):  # each world's threads reuse the idents of the one before
+        try:
+            run_on_thread_ranks(body, WORLD)
+        except AssertionError as e:
+            raise AssertionError(f"world {world}, {e}") from e

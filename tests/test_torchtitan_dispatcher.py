@@ -23,15 +23,12 @@ output, token gradient, routing-score gradient and this rank's slice of the expe
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.testing._internal.common_distributed import spawn_threads_and_init_comms
-from torch.testing._internal.distributed.multi_threaded_pg import _uninstall_threaded_pg
 
+from tests._thread_ranks import run_on_thread_ranks
 from tests._torchtitan import require_torchtitan
 
 WORLD, E, K, T, D, H = 4, 8, 2, 48, 32, 64
@@ -87,32 +84,6 @@ def _rank_case(full: dict[str, torch.Tensor], bf16: bool, dispatch: str = "per_e
             "distinct": int(torch.zeros(T, WORLD, dtype=torch.bool).scatter_(1, ids // (E // WORLD), True).sum())}
 
 
-def _on_ranks(body) -> list[dict[str, object]]:
-    results: dict[int, dict[str, object]] = {}
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    class _World:
-        @spawn_threads_and_init_comms(world_size=WORLD)
-        def run(self) -> None:
-            try:
-                r = body()
-            except BaseException as e:  # reported on the main thread
-                with lock:
-                    errors.append(e)
-                raise
-            with lock:
-                results[dist.get_rank()] = r
-
-    try:
-        _World().run()
-    finally:
-        _uninstall_threaded_pg()
-    if errors:
-        raise errors[0]
-    return [results[r] for r in range(WORLD)]
-
-
 @pytest.fixture(scope="module")
 def weights() -> dict[str, torch.Tensor]:
     require_torchtitan("torchtitan.models.common.token_dispatcher")
@@ -122,7 +93,7 @@ def weights() -> dict[str, torch.Tensor]:
 
 
 def test_fp32_moves_equal_torchtitan_on_one_device(weights) -> None:
-    ranks = _on_ranks(lambda: _rank_case(weights, bf16=False))
+    ranks = run_on_thread_ranks(lambda: _rank_case(weights, bf16=False), WORLD)
     n_local = E // WORLD
     for r, res in enumerate(ranks):
         for name, w in res["want"].items():
@@ -138,8 +109,8 @@ def test_fp32_moves_equal_torchtitan_on_one_device(weights) -> None:
 
 
 def test_bf16_dispatch_is_exact_but_the_token_gradient_and_halves_the_bytes(weights) -> None:
-    fp32 = _on_ranks(lambda: _rank_case(weights, bf16=False))
-    bf16 = _on_ranks(lambda: _rank_case(weights, bf16=True))
+    fp32 = run_on_thread_ranks(lambda: _rank_case(weights, bf16=False), WORLD)
+    bf16 = run_on_thread_ranks(lambda: _rank_case(weights, bf16=True), WORLD)
     for r, (a, b) in enumerate(zip(fp32, bf16)):
         for name, w in a["got"].items():
             if name == "grad x":

@@ -70,7 +70,6 @@ def ep4_resume(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, list
     return _launch(tmp, "ep4_resume"), tmp / "ep4_resume.json.dump"
 
 
-@pytest.mark.xdist_group("titan_trainer_ep4_checkpoints")
 def test_ours_resumes_from_torchtitans_checkpoint_and_equals_its_ep_at_ep4(ep4_resume) -> None:
     runs, _ = ep4_resume
     assert [s for s, _, _ in runs["titan"]] == [1, 2, 3, 4, 5, 6]
@@ -100,7 +99,6 @@ def _same(a: object, b: object) -> bool:
     return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
 
 
-@pytest.mark.xdist_group("titan_trainer_ep4_checkpoints")
 def test_checkpoints_resume_across_a_change_of_ep_degree_both_ways(ep4_resume, tmp_path: Path) -> None:
     """ep4 -> ep2 x efsdp 2: torchtitan's EP resumes from the checkpoint ours saved, ours from the one
     torchtitan's saved; the two checkpoints are equal entry for entry, so the two resumed runs start
@@ -122,7 +120,6 @@ def test_checkpoints_resume_across_a_change_of_ep_degree_both_ways(ep4_resume, t
         assert loss2 == pytest.approx(loss4, rel=1e-4) and norm2 == pytest.approx(norm4, rel=1e-4)
 
 
-@pytest.mark.xdist_group("titan_trainer_ep4_checkpoints")
 def test_ours_compiled_equals_torchtitans_ep_compiled_and_eager_at_ep4(ep4_resume, tmp_path: Path) -> None:
     """torchtitan's ``--compile`` (each transformer block one fullgraph compile, backend aot_eager) at ep4:
     our moves are two opaque custom ops in its graphs, and the losses and grad norms equal its EP's,

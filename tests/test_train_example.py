@@ -1,4 +1,4 @@
-"""#20.6: examples/train_moe.py trains the MoE block like one device and resumes bit for bit.
+"""examples/train_moe.py trains the MoE block like one device and resumes bit for bit.
 
 AdamW with a weight-decay group and one without, grad-norm clipping over the mesh, a new batch
 per step. The oracle is the same loop in plain torch on one device (``one_device``, which shares

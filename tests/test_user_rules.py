@@ -1,4 +1,4 @@
-"""#21.4: a rule you register goes in, even where upstream already has one, and register(replace=True)
+"""A rule you register goes in, even where upstream already has one, and register(replace=True)
 follows the same policy as install(); an explicit install that keeps upstream's rule says so loudly."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def lce_strategy(op, args_meta, kwargs_meta):
 
 @pytest.fixture
 def user_lce():
-    assert registry.upstream_strategy(LCE) is not None  # the case the issue is about
+    assert registry.upstream_strategy(LCE) is not None  # the case: upstream already has a rule for the op
     before = {n: registry._registry(n).get(LCE) for n in registry._ALL_REGISTRIES}
     dtensor_rules.register(LCE, samples=lce_samples)(lce_strategy)  # as docs/writing_rules.md does it
     yield

@@ -1,4 +1,4 @@
-"""The validator's Partial(max/min) simulation cannot accept an invalid row for a shift-invariant op (#21.6).
+"""The validator's Partial(max/min) simulation cannot accept an invalid row for a shift-invariant op.
 
 ``centered(x) = x - x.mean(-1)`` is linear and shift-invariant. Were the simulated P(max) parts
 ``x`` shifted by one constant per rank (as they were: each non-owner held ``x - big``), their
