@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from dtensor_rules.cli.main import HARDWARE, build_parser, main, parse_mesh
+from dtensor_rules.cli.main import HARDWARE, main, parse_mesh
 from dtensor_rules._upstream import TORCH_VERSION
 from dtensor_rules.testing.suites import suites
 from tests._fake_run_sh import fake_run_sh
