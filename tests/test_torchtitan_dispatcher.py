@@ -135,7 +135,7 @@ def test_per_rank_dispatch_equals_torchtitan_up_to_the_summation_order(weights) 
     """``dispatch="per_rank"``: a row per (token, destination rank) each way. Output, token and score
     gradients within fp32 reordering of a token's K weighted rows (K ulps of the largest value);
     expert gradients as in the fp32 test; token bytes sent: dim x 4 x the (token, rank) pairs, each way."""
-    ranks = _on_ranks(lambda: _rank_case(weights, bf16=False, dispatch="per_rank"))
+    ranks = run_on_thread_ranks(lambda: _rank_case(weights, bf16=False, dispatch="per_rank"), WORLD)
     n_local = E // WORLD
     for r, res in enumerate(ranks):
         for name, w in res["want"].items():
