@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -105,6 +105,24 @@ def _host_lists(splits: torch.Tensor) -> tuple[list[int], list[int]]:
     return send, recv
 
 
+def _expert_order(idx: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(order, counts)``: the flat assignments of ``idx`` sorted by expert (stable) and the count per expert."""
+    flat = idx.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    # not bincount: on CUDA it reads max(flat) on the host to size its output (a sync)
+    counts = flat.new_zeros(n_experts).scatter_add_(0, flat, torch.ones_like(flat))
+    return order, counts
+
+
+def _padded_slots(perm: torch.Tensor, max_len: Any, n_rows: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(target, dest)`` of a grouped layout ``perm`` of ``max_len`` slots (padding slots hold -1): ``target`` reads row
+    ``n_rows`` (an appended zero row) at padding, ``dest[perm[i]] = i`` for the ``n_rows`` real rows."""
+    target = torch.where(perm < 0, torch.full_like(perm, n_rows), perm)
+    slots = torch.arange(max_len, dtype=torch.int64, device=perm.device)
+    dest = perm.new_zeros(n_rows + 1).index_put((target,), slots)[:n_rows]
+    return target, dest
+
+
 def ep_dispatch(x: torch.Tensor, idx: torch.Tensor, n_experts: int, alignment: int,
                 group: dist.ProcessGroup, custom_ops: bool = True) -> Dispatched:
     """Send each (token, expert) assignment of ``x`` (T, dim) to the rank owning the expert.
@@ -115,10 +133,7 @@ def ep_dispatch(x: torch.Tensor, idx: torch.Tensor, n_experts: int, alignment: i
     ep = dist.get_world_size(group)
     E_l = n_experts // ep
     k = idx.shape[-1]
-    flat = idx.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    # not bincount: on CUDA it reads max(flat) on the host to size its output (a sync)
-    counts = flat.new_zeros(n_experts).scatter_add_(0, flat, torch.ones_like(flat))
+    order, counts = _expert_order(idx, n_experts)
     recv_counts = exchange_counts(counts, group)
     splits = host_splits(counts, recv_counts, ep)
     rows = x[torch.div(order, k, rounding_mode="floor")]
@@ -135,10 +150,7 @@ def ep_dispatch(x: torch.Tensor, idx: torch.Tensor, n_experts: int, alignment: i
     perm = perm.to(torch.int64)
     # padding slots hold -1, which picks the appended zero row
     x_grouped = torch.cat([received, received.new_zeros(1, received.shape[1])])[perm]
-    # inverse permutation: dest[perm[i]] = i for the real rows; padding writes slot n_recv, dropped
-    slots = torch.arange(max_len, dtype=torch.int64, device=perm.device)
-    target = torch.where(perm < 0, torch.full_like(perm, n_recv), perm)
-    dest = perm.new_zeros(n_recv + 1).index_put((target,), slots)[:n_recv]
+    _target, dest = _padded_slots(perm, max_len, n_recv)
     return Dispatched(x_grouped, offs, dest, order, splits, group, custom_ops, send_splits, recv_splits)
 
 
@@ -198,8 +210,7 @@ def ep_dispatch_per_rank(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tens
     E_l = n_experts // ep
     T, k = idx.shape
     flat = idx.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    counts = flat.new_zeros(n_experts).scatter_add_(0, flat, torch.ones_like(flat))
+    order, counts = _expert_order(idx, n_experts)
     rows_per_rank, pos, token, cap = _rank_rows(idx, ep, E_l)
     sent = torch.cat([counts.view(ep, E_l), rows_per_rank.view(ep, 1)], 1).reshape(-1)
     got = exchange_counts(sent, group).view(ep, E_l + 1)
@@ -227,12 +238,10 @@ def ep_dispatch_per_rank(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tens
     max_len = permuted_length_bound(n_assign, E_l, alignment)
     perm, _sizes, offs = moe_permute_indices(recv_counts, E_l, ep, max_len, alignment)
     perm = perm.to(torch.int64)
-    target = torch.where(perm < 0, torch.full_like(perm, n_assign), perm)
+    target, dest = _padded_slots(perm, max_len, n_assign)
     # padding slots (-1) read the appended zero row (received row n_recv)
     src = torch.cat([row, row.new_full((1,), n_recv)])[target]
     x_grouped = torch.cat([received, received.new_zeros(1, received.shape[1])])[src]
-    slots = torch.arange(max_len, dtype=torch.int64, device=perm.device)
-    dest = perm.new_zeros(n_assign + 1).index_put((target,), slots)[:n_assign]
     return RankDispatched(x_grouped, offs, dest, row, weight, n_recv, token, row_splits, group)
 
 
