@@ -23,6 +23,7 @@ import pytest
 
 from dtensor_rules import patches
 from dtensor_rules.testing.simulated_rng import UPSTREAM_GAP as SIMULATED_RNG_GAP
+from tests._session_once import once_per_session
 
 pytestmark = pytest.mark.slow
 
@@ -49,8 +50,8 @@ def _run(torch_alone: bool) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def on_torch_alone() -> dict[str, str]:
-    return _run(torch_alone=True)
+def on_torch_alone(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return once_per_session(tmp_path_factory, "reproducers_on_torch_alone", lambda _: _run(torch_alone=True))[0]
 
 
 def _upstream_lines() -> dict[str, str]:
