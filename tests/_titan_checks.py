@@ -20,7 +20,13 @@ passed to fully_shard"; seen once for a second trainer too, after a first one th
   ``ep4_compile_inductor`` the same with inductor (needs a C++ compiler; minutes of compiling on CPU),
   ``ep2tp2_compile`` with aot_eager at tp2 x ep2;
 - ``ep2``: EP over 2 ranks with expert FSDP over the other 2 (efsdp 2), 3 steps each;
-- ``ep2tp2``: tensor parallel 2 (the shared expert laid out by torchtitan) x EP 2, 3 steps each.
+- ``ep2tp2``: tensor parallel 2 (the shared expert laid out by torchtitan) x EP 2, 3 steps each;
+- ``ep4_spmd_types``, ``ep2tp2_spmd_types`` (and ``..._compile``, backend aot_eager): ours alone under torchtitan's
+  ``spmd_types`` backend (plain tensors with SPMD type annotations instead of DTensors; needs torch >=
+  2.14, whose ``fully_shard`` takes such parameters), 3 steps; the oracle is torchtitan's EP under
+  ``full_dtensor`` from another launch. torchtitan's own EP cannot run under ``spmd_types`` on gloo:
+  its uneven token all_to_all is the list form (``dist.all_to_all``), which gloo refuses for chunks of
+  different sizes.
 """
 
 from __future__ import annotations
@@ -82,9 +88,15 @@ def main(out: str, layout: str, ep4_dump: str = "") -> None:
                 "--training.steps", "3", "--compile.enable", "--compile.backend", backend]
         run("titan", mesh)
         run("ours", [*mesh, *OURS])
+    elif layout in ("ep4_spmd_types", "ep2tp2_spmd_types", "ep4_spmd_types_compile", "ep2tp2_spmd_types_compile"):
+        mesh = EP2TP2 if layout.startswith("ep2tp2") else EP4
+        compile_ = ["--compile.enable", "--compile.backend", "aot_eager"] if layout.endswith("compile") else []
+        run("ours", [*mesh, "--parallelism.spmd_backend", "spmd_types", *compile_, "--dump_folder", f"{out}.dump",
+                     "--training.steps", "3", *OURS])
     else:
         raise ValueError(f"unknown layout {layout!r}: ep4, ep2, ep2tp2, ep4_resume, ep2_from_ep4, ep4_compile, "
-                         "ep4_compile_inductor, ep2tp2_compile")
+                         "ep4_compile_inductor, ep2tp2_compile, ep4_spmd_types, ep2tp2_spmd_types, "
+                         "ep4_spmd_types_compile, ep2tp2_spmd_types_compile")
     if dist.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(results, f)

@@ -15,7 +15,9 @@ tests/_titan_checks.py):
   trains steps 3 to 6, which equal torchtitan's, saving its own checkpoints;
 - ``ep2_from_ep4``: those step-4 checkpoints resumed at EP 2 x expert FSDP 2, crossed (torchtitan's EP
   from ours', ours from torchtitan's): steps 5 and 6 equal bit for bit;
-- ``ep4_compile``: torchtitan's ``--compile`` (backend ``aot_eager``), its EP and ours, 3 steps each.
+- ``ep4_compile``: torchtitan's ``--compile`` (backend ``aot_eager``), its EP and ours, 3 steps each;
+- ``ep4_spmd_types`` (torch >= 2.14): ours under torchtitan's ``spmd_types`` backend, 3 steps, against
+  torchtitan's EP under ``full_dtensor`` (``ep4_resume``'s first steps).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from tests._session_once import once_per_session
 from tests._torchtitan import require_torchtitan
 
 pytestmark = pytest.mark.slow
@@ -65,9 +68,10 @@ def test_ours_equals_torchtitans_ep_at_tp2_x_ep2(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def ep4_resume(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, list[list[float]]], Path]:
-    """The ``ep4_resume`` launch's rows and its dump folder (both runs' DCP checkpoints)."""
-    tmp = tmp_path_factory.mktemp("titan_ep4_resume")
-    return _launch(tmp, "ep4_resume"), tmp / "ep4_resume.json.dump"
+    """The ``ep4_resume`` launch's rows and its dump folder (both runs' DCP checkpoints), launched once
+    per session: three tests read it."""
+    rows, folder = once_per_session(tmp_path_factory, "titan_ep4_resume", lambda tmp: _launch(tmp, "ep4_resume"))
+    return rows, folder / "ep4_resume.json.dump"
 
 
 def test_ours_resumes_from_torchtitans_checkpoint_and_equals_its_ep_at_ep4(ep4_resume) -> None:
@@ -128,3 +132,20 @@ def test_ours_compiled_equals_torchtitans_ep_compiled_and_eager_at_ep4(ep4_resum
     assert [s for s, _, _ in runs["titan"]] == [1, 2, 3]
     assert runs["ours"] == runs["titan"]  # (step, loss, grad norm), bit for bit
     assert runs["titan"] == ep4_resume[0]["titan"][:3]
+
+
+# torch 2.13's fully_shard refuses the plain, SPMD-annotated parameters of the spmd_types backend
+# ("all parameters must be DTensors"), for torchtitan's own EP as for ours; 2.14 translates them
+_SPMD_FSDP = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 14)
+
+
+@pytest.mark.skipif(not _SPMD_FSDP, reason="torchtitan's spmd_types backend needs torch >= 2.14 (fully_shard of "
+                                            "SPMD-annotated parameters); torchtitan's own EP fails there the same way")
+def test_ours_under_the_spmd_types_backend_equals_torchtitans_ep_at_ep4(ep4_resume, tmp_path: Path) -> None:
+    """torchtitan's default backend, ``spmd_types`` (plain tensors with SPMD types, no DTensors): ours trains
+    there and equals torchtitan's EP under ``full_dtensor`` bit for bit (torchtitan's own EP cannot be the
+    oracle under ``spmd_types`` on gloo: its token all_to_all is the list form, which gloo refuses for
+    chunks of different sizes)."""
+    runs = _launch(tmp_path, "ep4_spmd_types")
+    assert [s for s, _, _ in runs["ours"]] == [1, 2, 3]
+    assert runs["ours"] == ep4_resume[0]["titan"][:3]  # (step, loss, grad norm), bit for bit
