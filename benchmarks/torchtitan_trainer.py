@@ -12,7 +12,13 @@ for fp32 activations), one torchrun launch per run, the paths interleaved, on ``
 - bytes per collective on rank 0 in the counted step (forward + backward, ``CommBytesMode``);
 - peak RSS per rank (the CPU stand-in for peak device memory).
 
-    python benchmarks/torchtitan_trainer.py [--steps 5] [--repeats 1] [--no-save-moves]
+    python benchmarks/torchtitan_trainer.py [--steps 5] [--repeats 1] [--no-save-moves] [--free-moves-bound]
+
+``--free-moves-bound`` adds the path ``titan_free_moves``: torchtitan's EP with every all_to_all of its
+token dispatcher replaced by a local gather of the same size (no communication; the losses are
+meaningless, the shapes and the expert work are a real step's). Its step time bounds what ANY
+implementation of the moves can reach on this machine: a ratio above the goal there means the goal
+cannot be met by changing the moves.
 
 Ours runs with ``selective_ac`` too (the debug config's SelectiveAC then saves our two moves as it
 saves torchtitan's all_to_all); ``--no-save-moves`` leaves it out (the moves are recomputed in the
@@ -45,9 +51,29 @@ LAYOUTS = {"ep4": ["--parallelism.expert_parallel_degree", "4"],
 DTYPES = {"fp32": ["--training.mixed_precision_param", "float32"], "bf16": []}
 
 
+def _free_moves() -> None:
+    """torchtitan's token dispatcher without communication: each all_to_all becomes a local gather of
+    the size it would receive (the count exchange returns this rank's own counts), gradients flowing."""
+    import torch
+    from torchtitan.models.common import token_dispatcher
+
+    def local_all_to_all(x, output_split_sizes, input_split_sizes, group=None):  # noqa: ANN001, ANN202
+        if output_split_sizes is None:
+            return x.clone()
+        n = sum(output_split_sizes)
+        if x.shape[0] == 0:
+            return x.new_zeros(n, *x.shape[1:])
+        return x[torch.arange(n, device=x.device) % x.shape[0]]
+
+    token_dispatcher.all_to_all_single = local_all_to_all
+
+
 def _worker(out: str, runs: list[list[str]]) -> None:
     """Under torchrun: train each run and write rank-local rows."""
     import torch.distributed as dist
+
+    if os.environ.get("TITAN_FREE_MOVES"):
+        _free_moves()
 
     from tests._titan_trainer import train
     from torchtitan.tools.logging import init_logger
@@ -58,7 +84,7 @@ def _worker(out: str, runs: list[list[str]]) -> None:
         json.dump(rows, f)
 
 
-def _launch(runs: list[list[str]], steps: int) -> list[list[list[dict]]]:
+def _launch(runs: list[list[str]], steps: int, free_moves: bool = False) -> list[list[list[dict]]]:
     """rows[rank][run] for one torchrun launch of ``runs``."""
     with tempfile.TemporaryDirectory() as tmp, socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -66,7 +92,7 @@ def _launch(runs: list[list[str]], steps: int) -> list[list[list[dict]]]:
         s.close()
         out = os.path.join(tmp, "rows")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "src"), ROOT]),
-               "TITAN_COUNT_BYTES_STEP": str(steps), "OMP_NUM_THREADS": "1"}
+               "TITAN_COUNT_BYTES_STEP": str(steps), "OMP_NUM_THREADS": "1", "TITAN_FREE_MOVES": "1" if free_moves else ""}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
                "--master-port", str(port), os.path.abspath(__file__), "--worker", out, json.dumps(runs)]
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -80,6 +106,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--no-save-moves", action="store_true")
+    p.add_argument("--free-moves-bound", action="store_true")
+    p.add_argument("--layout", choices=list(LAYOUTS), action="append", help="default: all")
+    p.add_argument("--act", choices=list(DTYPES), action="append", help="default: both")
     p.add_argument("--worker", nargs=2)
     a = p.parse_args()
     if a.worker:
@@ -90,14 +119,18 @@ def main() -> None:
         ours, ours_bf16 = [*OURS, SAC], [*OURS_BF16, SAC]
     steps = ["--training.steps", str(a.steps)]
     table = []
-    for layout, mesh in LAYOUTS.items():
-        for dtype, act in DTYPES.items():
+    for layout in a.layout or LAYOUTS:
+        mesh = LAYOUTS[layout]
+        for dtype in a.act or DTYPES:
+            act = DTYPES[dtype]
             paths = {"titan": [], "ours": ours} | ({"ours_bf16": ours_bf16} if dtype == "fp32" else {})
+            if a.free_moves_bound:
+                paths["titan_free_moves"] = []
             results: dict[str, list[list[dict]]] = {k: [] for k in paths}  # path -> per repeat: rows per rank
             for rep in range(a.repeats):
                 order = list(paths) if rep % 2 == 0 else list(paths)[::-1]  # interleaved: ABC, CBA, ...
                 for k in order:
-                    rows = _launch([[*steps, *mesh, *act, *paths[k]]], a.steps)
+                    rows = _launch([[*steps, *mesh, *act, *paths[k]]], a.steps, free_moves=k == "titan_free_moves")
                     results[k].append([rows[r][0] for r in range(4)])
             table.append((layout, dtype, results))
     _print(table)
