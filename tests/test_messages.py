@@ -100,3 +100,14 @@ def test_validate_says_when_no_sharded_layout_is_valid(capsys):
     out = capsys.readouterr().out
     assert ": 0 valid combos" in out and "note: no sharded layout is valid on these samples (" in out
     assert "(0 tried)" not in out
+
+
+@pytest.mark.parametrize("name", ["expert_parallel", "token_placements", "expert_param_bytes"])
+def test_the_old_models_path_of_an_ep_name_says_where_it_is(name):
+    from dtensor_rules import ep
+
+    with pytest.raises(ImportError, match=f"from dtensor_rules.ep import {name}$"):
+        exec(f"from dtensor_rules.models import {name}", {})
+    assert callable(getattr(ep, name))  # the name it points to exists
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        exec("from dtensor_rules import models; models.no_such_name", {})

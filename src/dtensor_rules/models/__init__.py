@@ -11,3 +11,14 @@ from dtensor_rules.models.balance_hook import add_balance_loss
 from dtensor_rules.models.moe import MoE, MoEConfig, alignment_for, shard_moe
 
 __all__ = ["MoE", "MoEConfig", "alignment_for", "shard_moe", "add_balance_loss"]
+
+# expert parallelism is its own package; the old import path answers with the new one instead of an alias
+_IN_EP = frozenset({"expert_parallel", "token_placements", "expert_param_bytes"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _IN_EP:
+        # ImportError, not AttributeError: ``from ... import`` replaces an AttributeError's message by its own
+        raise ImportError(f"dtensor_rules.models.{name} is in the expert-parallel package: "
+                          f"from dtensor_rules.ep import {name}")
+    raise AttributeError(f"module 'dtensor_rules.models' has no attribute {name!r}")
