@@ -72,11 +72,11 @@ def _worker(out: str, runs: list[list[str]]) -> None:
     """Under torchrun: train each run and write rank-local rows."""
     import torch.distributed as dist
 
+    from tests._titan_trainer import train  # first: its CPU shims must precede torchtitan's imports
+    from torchtitan.tools.logging import init_logger
+
     if os.environ.get("TITAN_FREE_MOVES"):
         _free_moves()
-
-    from tests._titan_trainer import train
-    from torchtitan.tools.logging import init_logger
 
     init_logger()
     rows = [train([*args, "--dump_folder", f"{out}.dump"]) for args in runs]  # logs in the temporary folder
