@@ -14,6 +14,13 @@ for fp32 activations), one torchrun launch per run, the paths interleaved, on ``
 
     python benchmarks/torchtitan_trainer.py [--steps 5] [--repeats 1] [--no-save-moves] [--free-moves-bound]
 
+``--moves-share`` profiles step N-1 of each run (torch.profiler, CPU) and prints the wall time its
+token moves took, as a share of that step: the all_to_alls and their waits (functional collectives
+and c10d ``alltoall``), our ``dtensor_rules::ep_*`` ops, nested events counted once. Every functional
+``wait_tensor`` counts, so with tensor parallel (whose DTensor collectives wait the same way) the share
+is an upper bound. A share measured
+inside one step is robust to the machine's load, where step-time ratios between launches are not.
+
 ``--free-moves-bound`` adds the path ``titan_free_moves``: torchtitan's EP with every all_to_all of its
 token dispatcher replaced by a local gather of the same size (no communication; the losses are
 meaningless, the shapes and the expert work are a real step's). Its step time bounds what ANY
@@ -68,6 +75,38 @@ def _free_moves() -> None:
     token_dispatcher.all_to_all_single = local_all_to_all
 
 
+_MOVES = ("all_to_all", "alltoall", "dtensor_rules::ep_")
+
+
+def _profile_moves_on(step: int) -> None:
+    """Wrap ``Trainer.train_step``: step ``step`` runs under the CPU profiler and its row gets ``moves_s``."""
+    import torch
+    from torchtitan.trainer import Trainer
+
+    from tests._titan_trainer import RECORDED
+
+    train_step = Trainer.train_step
+
+    def profiled(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if self.step != step:
+            return train_step(self, *args, **kwargs)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            out = train_step(self, *args, **kwargs)
+        moves_us = 0.0
+        for e in prof.events():
+            if not (any(m in e.name for m in _MOVES) or e.name == "_c10d_functional::wait_tensor"):
+                continue
+            parent = e.cpu_parent
+            while parent is not None and not any(m in parent.name for m in _MOVES):
+                parent = parent.cpu_parent
+            if parent is None:  # outermost: its time once
+                moves_us += e.cpu_time_total
+        RECORDED[-1]["moves_s"] = moves_us / 1e6
+        return out
+
+    Trainer.train_step = profiled
+
+
 def _worker(out: str, runs: list[list[str]]) -> None:
     """Under torchrun: train each run and write rank-local rows."""
     import torch.distributed as dist
@@ -77,6 +116,8 @@ def _worker(out: str, runs: list[list[str]]) -> None:
 
     if os.environ.get("TITAN_FREE_MOVES"):
         _free_moves()
+    if os.environ.get("TITAN_PROFILE_STEP"):
+        _profile_moves_on(int(os.environ["TITAN_PROFILE_STEP"]))
 
     init_logger()
     rows = [train([*args, "--dump_folder", f"{out}.dump"]) for args in runs]  # logs in the temporary folder
@@ -84,7 +125,8 @@ def _worker(out: str, runs: list[list[str]]) -> None:
         json.dump(rows, f)
 
 
-def _launch(runs: list[list[str]], steps: int, free_moves: bool = False) -> list[list[list[dict]]]:
+def _launch(runs: list[list[str]], steps: int, free_moves: bool = False,
+            profile_step: int = 0) -> list[list[list[dict]]]:
     """rows[rank][run] for one torchrun launch of ``runs``."""
     with tempfile.TemporaryDirectory() as tmp, socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -92,7 +134,8 @@ def _launch(runs: list[list[str]], steps: int, free_moves: bool = False) -> list
         s.close()
         out = os.path.join(tmp, "rows")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "src"), ROOT]),
-               "TITAN_COUNT_BYTES_STEP": str(steps), "OMP_NUM_THREADS": "1", "TITAN_FREE_MOVES": "1" if free_moves else ""}
+               "TITAN_COUNT_BYTES_STEP": str(steps), "OMP_NUM_THREADS": "1", "TITAN_FREE_MOVES": "1" if free_moves else "",
+               "TITAN_PROFILE_STEP": str(profile_step or "")}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
                "--master-port", str(port), os.path.abspath(__file__), "--worker", out, json.dumps(runs)]
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -107,6 +150,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--no-save-moves", action="store_true")
     p.add_argument("--free-moves-bound", action="store_true")
+    p.add_argument("--moves-share", action="store_true")
     p.add_argument("--layout", choices=list(LAYOUTS), action="append", help="default: all")
     p.add_argument("--act", choices=list(DTYPES), action="append", help="default: both")
     p.add_argument("--worker", nargs=2)
@@ -130,7 +174,8 @@ def main() -> None:
             for rep in range(a.repeats):
                 order = list(paths) if rep % 2 == 0 else list(paths)[::-1]  # interleaved: ABC, CBA, ...
                 for k in order:
-                    rows = _launch([[*steps, *mesh, *act, *paths[k]]], a.steps, free_moves=k == "titan_free_moves")
+                    rows = _launch([[*steps, *mesh, *act, *paths[k]]], a.steps, free_moves=k == "titan_free_moves",
+                                   profile_step=a.steps - 1 if a.moves_share else 0)
                     results[k].append([rows[r][0] for r in range(4)])
             table.append((layout, dtype, results))
     _print(table)
@@ -154,8 +199,10 @@ def _print(table) -> None:
             peak = max(r[-1]["peak_rss"] for r in reps[0]) / 2**30
             losses = " ".join(f"{r['loss']:.6f}" for r in rows0)
             norms = " ".join(f"{r['grad_norm']:.6f}" for r in rows0)
+            share = [r[-2]["moves_s"] / r[-2]["step_s"] for rep in reps for r in rep if "moves_s" in r[-2]]
+            moves = f" moves {min(share):.0%}-{max(share):.0%} of step {len(rows0) - 1} |" if share else ""
             print(f"| {layout} | {dtype} | {path} | {losses} | {norms} | {t:.2f} | {t / base:.2f} | "
-                  f"{' | '.join(mb)} | {peak:.2f} |")
+                  f"{' | '.join(mb)} | {peak:.2f} |{moves}")
 
 
 if __name__ == "__main__":
