@@ -157,6 +157,10 @@ def _gloo_worker(rank: int, world: int, init_file: str, fn: Callable[..., Any], 
     try:
         # a file rendezvous unique to this run: no TCP port that a concurrent run could also pick
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        # gloo's init can return on one rank before a peer has finished connecting to it; a rank whose
+        # ``fn`` returns (or raises) at once would then close the group under that peer, which fails in
+        # init ("connectFullMesh failed ... Connection closed by peer") instead of reporting its own result
+        dist.barrier()
         torch.manual_seed(0)
         result = fn(rank, world, *args)
         queue.put((rank, True, result))
