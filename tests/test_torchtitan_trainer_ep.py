@@ -69,7 +69,7 @@ def test_ours_equals_torchtitans_ep_at_tp2_x_ep2(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def ep4_resume(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, list[list[float]]], Path]:
     """The ``ep4_resume`` launch's rows and its dump folder (both runs' DCP checkpoints), launched once
-    per session: three tests read it."""
+    per session: several tests read it."""
     rows, folder = once_per_session(tmp_path_factory, "titan_ep4_resume", lambda tmp: _launch(tmp, "ep4_resume"))
     return rows, folder / "ep4_resume.json.dump"
 
