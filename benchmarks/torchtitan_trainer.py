@@ -12,14 +12,15 @@ for fp32 activations), one torchrun launch per run, the paths interleaved, on ``
 - bytes per collective on rank 0 in the counted step (forward + backward, ``CommBytesMode``);
 - peak RSS per rank (the CPU stand-in for peak device memory).
 
-    python benchmarks/torchtitan_trainer.py [--steps 5] [--repeats 1] [--no-save-moves] [--free-moves-bound]
+    python benchmarks/torchtitan_trainer.py [--steps 5] [--repeats 1] [--no-save-moves]
+        [--free-moves-bound] [--moves-share] [--layout ep4|ep2tp2 ...] [--act fp32|bf16 ...]
 
 ``--moves-share`` profiles step N-1 of each run (torch.profiler, CPU) and prints the wall time its
 token moves took, as a share of that step: the all_to_alls and their waits (functional collectives
 and c10d ``alltoall``), our ``dtensor_rules::ep_*`` ops, nested events counted once. Every functional
 ``wait_tensor`` counts, so with tensor parallel (whose DTensor collectives wait the same way) the share
-is an upper bound. A share measured
-inside one step is robust to the machine's load, where step-time ratios between launches are not.
+is an upper bound. A share measured inside one step is robust to the machine's load, where step-time
+ratios between launches are not.
 
 ``--free-moves-bound`` adds the path ``titan_free_moves``: torchtitan's EP with every all_to_all of its
 token dispatcher replaced by a local gather of the same size (no communication; the losses are
@@ -78,6 +79,10 @@ def _free_moves() -> None:
 _MOVES = ("all_to_all", "alltoall", "dtensor_rules::ep_")
 
 
+def _is_move(name: str) -> bool:
+    return any(m in name for m in _MOVES)
+
+
 def _profile_moves_on(step: int) -> None:
     """Wrap ``Trainer.train_step``: step ``step`` runs under the CPU profiler and its row gets ``moves_s``."""
     import torch
@@ -94,10 +99,10 @@ def _profile_moves_on(step: int) -> None:
             out = train_step(self, *args, **kwargs)
         moves_us = 0.0
         for e in prof.events():
-            if not (any(m in e.name for m in _MOVES) or e.name == "_c10d_functional::wait_tensor"):
+            if not (_is_move(e.name) or e.name == "_c10d_functional::wait_tensor"):
                 continue
             parent = e.cpu_parent
-            while parent is not None and not any(m in parent.name for m in _MOVES):
+            while parent is not None and not _is_move(parent.name):
                 parent = parent.cpu_parent
             if parent is None:  # outermost: its time once
                 moves_us += e.cpu_time_total
